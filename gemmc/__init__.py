@@ -1,0 +1,11 @@
+"""gemmc: a GEMM kernel compiler for NVIDIA GPUs."""
+__version__ = "0.1.0"
+
+from .errors import BuildError, GemmcError, LaunchError, ScheduleError, SpecError, TraceError  # noqa: F401
+from .schedule import Schedule, check_schedule, enumerate_schedules, is_valid  # noqa: F401
+from .spec import EpilogueInput, EpilogueOp, GemmSpec, Ref  # noqa: F401
+from .types import DType  # noqa: F401
+
+bf16 = DType.bf16
+f16 = fp16 = DType.f16
+f32 = fp32 = DType.f32

@@ -1,0 +1,50 @@
+"""Backends turn a `KernelPlan` into CuTe DSL Python source (`EmittedKernel`).
+
+`emit(plan)` dispatches on `plan.arch`. The source is a self-contained module: importing it must
+not touch a GPU; its `entry` is a `@cute.jit` host function whose parameters are `params`, in order.
+gemmc/build.py compiles it (fake tensors, symbolic dims, TVM-FFI) into a shared object.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from ..ir.plan import KernelPlan
+from ..types import DType
+
+
+@dataclass(frozen=True)
+class Param:
+    """One argument of the compiled kernel, as the runtime must pass it.
+
+    kind: "tensor" | "scalar" (an f32 passed by value) | "workspace" (runtime-allocated scratch).
+    shape: dims as ints or names ("M", "N", "K", "L"); names are symbolic (one `cute.sym_int` each,
+    shared across params), ints are static. `contiguous` is the dim with stride 1 (-1: last).
+    For a workspace, `shape` may use names and the product of split-K factor etc. is in `workspace_elems`.
+    """
+    name: str
+    kind: str
+    dtype: DType
+    shape: tuple[Union[int, str], ...] = ()
+    contiguous: int = -1
+    role: str = ""               # "a" | "b" | "out" | "input" | "workspace" | "scalar"
+    workspace_elems: Optional[str] = None   # python expression over M, N, K, L for the element count
+
+
+@dataclass(frozen=True)
+class EmittedKernel:
+    arch: str
+    source: str                  # readable CuTe DSL Python
+    entry: str                   # name of the @cute.jit host function in `source`
+    params: tuple[Param, ...]
+    compile_arch: str = ""       # CUTE_DSL_ARCH to compile with ("sm_90a"; SM80 kernels may use "sm_90a" too)
+
+
+def emit(plan: KernelPlan) -> EmittedKernel:
+    if plan.arch == "sm_90a":
+        from .sm90 import emit as emit_sm90
+        return emit_sm90(plan)
+    if plan.arch == "sm_80":
+        from .sm80 import emit as emit_sm80
+        return emit_sm80(plan)
+    raise ValueError(f"no backend for arch {plan.arch!r}")

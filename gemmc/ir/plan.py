@@ -1,0 +1,107 @@
+"""`KernelPlan`: the lowered kernel IR read back as plain, frozen data.
+
+The backends emit from a KernelPlan and nothing else. Each field is decided by exactly one pass
+(named in its comment) and written into the kernel-level IR; `plan_from_module` (gemmc/ir/extract.py)
+reads it back. A backend never recomputes any of these facts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from ..spec import EpilogueInput, EpilogueOp
+from ..types import DType
+
+Dim = Union[int, str]
+
+
+@dataclass(frozen=True)
+class ProblemInfo:                      # from the gemm-level op (the spec)
+    m: Dim
+    n: Dim
+    k: Dim
+    batch: Optional[Dim]
+    a_dtype: DType
+    b_dtype: DType
+    out_dtype: DType
+    acc_dtype: DType
+    a_major: str                        # "k" | "m"
+    b_major: str                        # "k" | "n"
+    name: str = "gemm"
+
+
+@dataclass(frozen=True)
+class WarpGroup:                        # assign-warpgroup-roles
+    role: str                           # "producer" | "consumer" | "epilogue" | "uniform" (SM80 warps)
+    index: int                          # warpgroup index in the CTA (warps 4*index .. 4*index+3)
+    regs: int                           # setmaxnreg budget (SM80: 0 = compiler's choice)
+    warps: int = 4
+
+
+@dataclass(frozen=True)
+class OperandCopy:                      # tma-cluster-layout
+    operand: str                        # "a" | "b" | "c" | an epilogue input name
+    kind: str                           # "tma" | "tma_store" | "cp_async" | "ldg" (plain loads: vectors)
+    box: tuple[int, int]                # TMA box (rows, cols) in elements; cp.async: the CTA tile
+    swizzle_bytes: int                  # 128 | 64 | 32 | 0
+    multicast: int                      # number of CTAs receiving each load (1: none)
+    multicast_along: str = ""           # "n" (A: CTAs of one cluster row) | "m" (B) | ""
+    vector_bytes: int = 16              # cp.async width (SM80)
+
+
+@dataclass(frozen=True)
+class Pipeline:                         # pipeline-staging
+    stages: int                         # A/B ring depth
+    barriers: tuple[str, ...]           # e.g. ("full", "empty") per stage; SM80: ("cp.async.group",)
+    epi_stages: int                     # C staging buffers in smem
+    epi_tile: tuple[int, int]           # (rows, cols) of one epilogue sub-tile
+    smem_bytes: int                     # total the CTA uses
+
+
+@dataclass(frozen=True)
+class TileScheduler:                    # lowering of the schedule (pipeline-staging reads it)
+    persistent: bool
+    raster: str                         # "m" | "n"
+    swizzle: int                        # group size along the raster's slow dim
+    split_k: int
+    split_k_mode: str = "none"          # "none" | "serial" (deterministic fix-up through a workspace)
+
+
+@dataclass(frozen=True)
+class Mma:                              # assign-warpgroup-roles
+    kind: str                           # "wgmma" | "mma.sync"
+    inst_shape: tuple[int, int, int]    # e.g. (64, 256, 16) | (16, 8, 16)
+    atom_layout: tuple[int, int, int]   # MMA atoms (warpgroups / warps) tiled over M, N, K
+    a_source: str = "smem"              # "smem" | "rmem"
+
+
+@dataclass(frozen=True)
+class Epilogue:                         # from the gemm-level epilogue region
+    inputs: tuple[EpilogueInput, ...]
+    ops: tuple[EpilogueOp, ...]
+    store: str                          # "tma" (through smem) | "direct" (vectorized st.global)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    arch: str                           # "sm_90a" | "sm_80"
+    problem: ProblemInfo
+    tile: tuple[int, int, int]
+    cluster: tuple[int, int]
+    mode: str                           # "cooperative" | "pingpong" | "multistage" (SM80)
+    threads: int
+    warpgroups: tuple[WarpGroup, ...]
+    copies: tuple[OperandCopy, ...]
+    pipeline: Pipeline
+    scheduler: TileScheduler
+    mma: Mma
+    epilogue: Epilogue
+
+    def copy(self, operand: str) -> OperandCopy:
+        for c in self.copies:
+            if c.operand == operand:
+                return c
+        raise KeyError(operand)
+
+    def role(self, role: str) -> tuple[WarpGroup, ...]:
+        return tuple(w for w in self.warpgroups if w.role == role)

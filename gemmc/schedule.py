@@ -1,0 +1,328 @@
+"""`Schedule` (how to run a GEMM) and the one validity predicate over (schedule, problem).
+
+The verifier pass, the heuristic and every search strategy call `check_schedule`; nothing else
+decides whether a schedule is legal. The resource model here (shared memory per stage, epilogue
+staging, accumulator registers) is the same one `pipeline-staging` uses to choose stages.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Iterable, Iterator, Union
+
+from .errors import ScheduleError
+from .spec import GemmSpec
+from .types import DType, as_arch
+
+MODES = ("cooperative", "pingpong")
+RASTERS = ("m", "n")  # which tile coordinate varies fastest across consecutive CTAs
+SWIZZLES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class ArchLimits:
+    name: str
+    smem_bytes: int            # usable dynamic shared memory per CTA
+    regs_per_sm: int
+    max_threads: int
+    max_cluster: int           # CTAs per cluster (1: no clusters)
+    has_tma: bool
+    num_sms: int               # default SM count for the heuristic (H200/H100 SXM: 132, A100: 108)
+
+
+ARCH_LIMITS = {
+    "sm_90a": ArchLimits("sm_90a", 227 * 1024, 65536, 1024, 16, True, 132),
+    "sm_80": ArchLimits("sm_80", 163 * 1024, 65536, 1024, 1, False, 108),
+}
+
+# Register budgets per thread set by `setmaxnreg` (SM90): the producer gives registers back so
+# the consumers can hold the accumulators. 128*40 + 256*232 = 64512 <= 65536.
+PRODUCER_REGS = 40
+CONSUMER_REGS = 232
+# Registers a consumer thread needs besides the accumulator (addresses, epilogue temporaries).
+CONSUMER_REG_OVERHEAD = 64
+SM80_MAX_REGS = 255
+BARRIER_RESERVE_BYTES = 1024   # mbarriers and scheduler state
+EPI_STAGES = 2                 # epilogue smem buffers (store of one sub-tile overlaps the next)
+EPI_TILE_N = 32
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Every knob of a kernel. Frozen: it is a dictionary key and a cache-key input."""
+    tile: tuple[int, int, int] = (128, 128, 64)
+    cluster: tuple[int, int] = (1, 1)
+    stages: Union[int, str] = "auto"
+    mode: str = "cooperative"
+    raster: str = "m"
+    swizzle: int = 1
+    split_k: int = 1
+    arch: str = "sm_90a"
+
+    def __post_init__(self):
+        object.__setattr__(self, "tile", tuple(int(x) for x in self.tile))
+        object.__setattr__(self, "cluster", tuple(int(x) for x in self.cluster))
+        object.__setattr__(self, "arch", as_arch(self.arch))
+        if self.stages != "auto":
+            object.__setattr__(self, "stages", int(self.stages))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Schedule":
+        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()})
+
+    def short(self) -> str:
+        """Compact id, e.g. '128x256x64_c2x1_coop_s4_rm_sw1_k1'."""
+        bm, bn, bk = self.tile
+        mode = "coop" if self.mode == "cooperative" else "pp"
+        return (f"{bm}x{bn}x{bk}_c{self.cluster[0]}x{self.cluster[1]}_{mode}_s{self.stages}"
+                f"_r{self.raster}_sw{self.swizzle}_k{self.split_k}")
+
+    def with_(self, **kw) -> "Schedule":
+        return replace(self, **kw)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule: which limit, the offending value, and what to change."""
+    limit: str
+    value: object
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.limit}: got {self.value}; {self.fix}"
+
+
+# ---- resource model ------------------------------------------------------------------------
+
+def consumer_warpgroups(s: Schedule) -> int:
+    return 2 if s.arch == "sm_90a" else 0
+
+
+def threads_per_cta(s: Schedule) -> int:
+    if s.arch == "sm_90a":
+        return 128 * (1 + consumer_warpgroups(s))
+    return 32 * sm80_warps(s)
+
+
+def sm80_warps(s: Schedule) -> int:
+    bm, bn, _ = s.tile
+    return 8 if bm * bn > 128 * 128 else 4
+
+
+def accumulator_regs(s: Schedule, spec: GemmSpec) -> int:
+    """f32 (or packed f16) accumulator registers per MMA thread."""
+    bm, bn, _ = s.tile
+    per_reg = 2 if spec.acc_dtype == DType.f16 else 1
+    if s.arch == "sm_90a":
+        threads = 128 if s.mode == "pingpong" else 128 * consumer_warpgroups(s)
+    else:
+        threads = threads_per_cta(s)
+    return math.ceil(bm * bn / threads / per_reg)
+
+
+def epilogue_tile(s: Schedule) -> tuple[int, int]:
+    bm, bn, _ = s.tile
+    rows = min(bm, 128) if s.mode == "cooperative" else min(bm, 64)
+    return rows, min(bn, EPI_TILE_N)
+
+
+def ab_stage_bytes(s: Schedule, spec: GemmSpec) -> int:
+    bm, bn, bk = s.tile
+    return (bm + bn) * bk * spec.dtype.bytes
+
+
+def epilogue_smem_bytes(s: Schedule, spec: GemmSpec) -> int:
+    """SM90 stages C (and every full M x N epilogue input) through smem; SM80 reuses the A/B ring."""
+    if s.arch != "sm_90a":
+        return 0
+    em, en = epilogue_tile(s)
+    per_stage = em * en * spec.out_dtype.bytes
+    per_stage += sum(em * en * i.dtype.bytes for i in spec.inputs if i.kind == "full")
+    return per_stage * EPI_STAGES
+
+
+def max_stages(s: Schedule, spec: GemmSpec) -> int:
+    lim = ARCH_LIMITS[s.arch]
+    free = lim.smem_bytes - BARRIER_RESERVE_BYTES - epilogue_smem_bytes(s, spec)
+    return max(0, free // ab_stage_bytes(s, spec))
+
+
+def resolve_stages(s: Schedule, spec: GemmSpec) -> int:
+    """`stages="auto"`: as many A/B stages as fit after the epilogue's share (at most 8 on SM90,
+    where deeper rings stop paying; at most 5 on SM80)."""
+    if s.stages != "auto":
+        return int(s.stages)
+    cap = 8 if s.arch == "sm_90a" else 5
+    return min(cap, max_stages(s, spec))
+
+
+def smem_bytes(s: Schedule, spec: GemmSpec) -> int:
+    return (resolve_stages(s, spec) * ab_stage_bytes(s, spec) + epilogue_smem_bytes(s, spec)
+            + BARRIER_RESERVE_BYTES)
+
+
+def alignment_elems(dtype: DType) -> int:
+    return 16 // dtype.bytes
+
+
+# ---- the predicate --------------------------------------------------------------------------
+
+def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
+    """Every rule `s` breaks for `spec` (empty: valid). The single source of truth."""
+    v: list[Violation] = []
+    add = lambda limit, value, fix: v.append(Violation(limit, value, fix))  # noqa: E731
+    bm, bn, bk = s.tile
+    cm, cn = s.cluster
+    lim = ARCH_LIMITS[s.arch]
+    sm90 = s.arch == "sm_90a"
+
+    if s.mode not in MODES:
+        add("mode", s.mode, f"use one of {MODES}")
+    if s.raster not in RASTERS:
+        add("raster order", s.raster, "use 'm' or 'n'")
+    if s.swizzle not in SWIZZLES:
+        add("swizzle", s.swizzle, f"use one of {SWIZZLES}")
+    if not (isinstance(s.split_k, int) and 1 <= s.split_k <= 16):
+        add("split_k", s.split_k, "use an integer from 1 to 16")
+    if s.stages != "auto" and s.stages < 2:
+        add("stages", s.stages, "use at least 2 (or 'auto')")
+    if min(s.tile) <= 0 or min(s.cluster) <= 0:
+        add("tile/cluster", (s.tile, s.cluster), "use positive sizes")
+        return v
+
+    # tile and MMA instruction-shape divisibility
+    if sm90:
+        if s.mode == "cooperative" and bm not in (128, 256):
+            add("tile M (cooperative)", bm, "two consumer warpgroups split the tile in 64-row WGMMAs: use 128 or 256, "
+                "or mode='pingpong' for 64")
+        if s.mode == "pingpong" and bm not in (64, 128):
+            add("tile M (pingpong)", bm, "each consumer warpgroup owns a whole tile: use 64 or 128")
+        if not (bn % 16 == 0 and 16 <= bn <= 256):
+            add("tile N", bn, "WGMMA N must be a multiple of 16 from 16 to 256")
+        if bn > EPI_TILE_N and bn % EPI_TILE_N:
+            add("tile N", bn, f"the epilogue stores {EPI_TILE_N}-column sub-tiles: use a multiple of {EPI_TILE_N}")
+    else:
+        if s.mode != "cooperative":
+            add("mode", s.mode, "ping-pong warpgroups are SM90-only: use mode='cooperative' on sm_80")
+        if bm not in (64, 128, 256) or bn not in (64, 128, 256):
+            add("tile M/N (sm_80)", (bm, bn), "use 64, 128 or 256 for both")
+    kmin = 32 // spec.dtype.bytes * 1  # one 32-byte swizzle atom
+    if bk % 16 or bk < max(16, kmin) or bk > 128:
+        add("tile K", bk, "use 32, 64 or 128 (a multiple of the 16-element MMA K)")
+
+    # clusters: SM90 only, multicast slices must stay 8-row aligned
+    if not sm90 and (cm, cn) != (1, 1):
+        add("cluster", s.cluster, "thread-block clusters are SM90-only: use cluster=(1, 1) on sm_80")
+    if sm90:
+        if cm * cn > lim.max_cluster:
+            add("cluster size", cm * cn, f"at most {lim.max_cluster} CTAs per cluster")
+        if cm not in (1, 2, 4, 8, 16) or cn not in (1, 2, 4, 8, 16):
+            add("cluster shape", s.cluster, "use powers of two")
+        if bm % (8 * cn):
+            add("multicast slice of A", f"{bm}/{cn}", f"A is multicast over the cluster's N extent in {cn} row "
+                "slices of 8-row multiples: shrink cluster N or grow tile M")
+        if bn % (8 * cm):
+            add("multicast slice of B", f"{bn}/{cm}", f"B is multicast over the cluster's M extent in {cm} row "
+                "slices of 8-row multiples: shrink cluster M or grow tile N")
+
+    # registers
+    acc = accumulator_regs(s, spec)
+    budget = CONSUMER_REGS if sm90 else SM80_MAX_REGS
+    if acc + CONSUMER_REG_OVERHEAD > budget:
+        who = "per ping-pong warpgroup" if sm90 and s.mode == "pingpong" else "per MMA thread"
+        add("registers", f"{acc} accumulator regs {who} (+{CONSUMER_REG_OVERHEAD} other) > {budget}",
+            "use a smaller tile (M x N), or mode='cooperative' so two warpgroups share it")
+    if sm90 and PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * consumer_warpgroups(s) > lim.regs_per_sm:
+        add("register file", "producer + consumer budgets", "fewer consumer warpgroups")
+    if threads_per_cta(s) > lim.max_threads:
+        add("threads per CTA", threads_per_cta(s), f"at most {lim.max_threads}")
+
+    # shared memory
+    stage_b = ab_stage_bytes(s, spec)
+    stages = resolve_stages(s, spec)
+    used = smem_bytes(s, spec)
+    if stages < 2:
+        add("shared memory", f"{max_stages(s, spec)} A/B stage(s) of {stage_b} B fit in {lim.smem_bytes} B",
+            "use a smaller tile (the ring needs 2 stages)")
+    elif used > lim.smem_bytes:
+        add("shared memory", f"{used} B ({stages} stages x {stage_b} B + {epilogue_smem_bytes(s, spec)} B epilogue)",
+            f"limit {lim.smem_bytes} B on {s.arch}: use stages<={max_stages(s, spec)} or stages='auto'")
+
+    # split-K must leave every split at least one k-tile
+    if isinstance(spec.k, int) and s.split_k > 1 and math.ceil(spec.k / bk) < s.split_k:
+        add("split_k", s.split_k, f"K={spec.k} has only {math.ceil(spec.k / bk)} k-tiles of {bk}: lower split_k")
+
+    # 16-byte alignment of the contiguous dims we know statically
+    for what, dim, dt in _contiguous_dims(spec):
+        if isinstance(dim, int) and dim % alignment_elems(dt):
+            add(f"16-byte alignment of {what}", f"{dim} {dt} elements",
+                f"pad it to a multiple of {alignment_elems(dt)} (TMA and cp.async move 16-byte vectors)")
+    return v
+
+
+def _contiguous_dims(spec: GemmSpec):
+    yield ("A's contiguous dim " + ("K" if spec.a_layout == "mk" else "M"),
+           spec.k if spec.a_layout == "mk" else spec.m, spec.dtype)
+    yield ("B's contiguous dim " + ("K" if spec.b_layout == "nk" else "N"),
+           spec.k if spec.b_layout == "nk" else spec.n, spec.dtype)
+    yield "the output's N", spec.n, spec.out_dtype
+    for i in spec.inputs:
+        if i.kind == "full":
+            yield f"input {i.name}'s N", spec.n, i.dtype
+
+
+def is_valid(s: Schedule, spec: GemmSpec) -> bool:
+    return not check_schedule(s, spec)
+
+
+def require_valid(s: Schedule, spec: GemmSpec) -> None:
+    problems = check_schedule(s, spec)
+    if problems:
+        raise ScheduleError(problems)
+
+
+# ---- the schedule space ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScheduleSpace:
+    """The axes the search and the heuristic enumerate. Cartesian product, filtered by the predicate."""
+    tile_m: tuple[int, ...] = (64, 128, 256)
+    tile_n: tuple[int, ...] = (64, 128, 192, 256)
+    tile_k: tuple[int, ...] = (64,)
+    clusters: tuple[tuple[int, int], ...] = ((1, 1), (2, 1), (1, 2), (2, 2))
+    modes: tuple[str, ...] = MODES
+    rasters: tuple[str, ...] = RASTERS
+    swizzles: tuple[int, ...] = (1, 8)
+    split_ks: tuple[int, ...] = (1, 2, 4)
+    stages: tuple[Union[int, str], ...] = ("auto",)
+
+    @classmethod
+    def for_arch(cls, arch: str) -> "ScheduleSpace":
+        if as_arch(arch) == "sm_80":
+            return cls(tile_m=(64, 128, 256), tile_n=(64, 128, 256), tile_k=(32, 64), clusters=((1, 1),),
+                       modes=("cooperative",))
+        return cls()
+
+    def __iter__(self) -> Iterator[tuple]:
+        return itertools.product(self.tile_m, self.tile_n, self.tile_k, self.clusters, self.modes,
+                                 self.rasters, self.swizzles, self.split_ks, self.stages)
+
+
+def enumerate_schedules(spec: GemmSpec, arch: str = "sm_90a", space: ScheduleSpace | None = None) -> list[Schedule]:
+    """Every valid schedule in `space` (default: the arch's standard space)."""
+    arch = as_arch(arch)
+    space = space or ScheduleSpace.for_arch(arch)
+    out = []
+    for bm, bn, bk, cl, mode, raster, sw, sk, st in space:
+        s = Schedule((bm, bn, bk), cl, st, mode, raster, sw, sk, arch)
+        if is_valid(s, spec):
+            out.append(s)
+    return out
+
+
+def default_schedule(arch: str = "sm_90a") -> Schedule:
+    return Schedule(arch=arch) if as_arch(arch) == "sm_90a" else Schedule(tile=(128, 128, 32), arch="sm_80")

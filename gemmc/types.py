@@ -1,0 +1,70 @@
+"""Element types and architectures gemmc knows about."""
+from __future__ import annotations
+
+import enum
+
+from .errors import SpecError
+
+
+class DType(str, enum.Enum):
+    bf16 = "bf16"
+    f16 = "f16"
+    f32 = "f32"
+    # Reserved: the IR and the predicate accept the name so fp8 can be added without
+    # a format change; every backend rejects it today.
+    f8e4m3 = "f8e4m3"
+    f8e5m2 = "f8e5m2"
+
+    @property
+    def bits(self) -> int:
+        return {"bf16": 16, "f16": 16, "f32": 32, "f8e4m3": 8, "f8e5m2": 8}[self.value]
+
+    @property
+    def bytes(self) -> int:
+        return self.bits // 8
+
+    def __str__(self) -> str:  # "bf16", not "DType.bf16"
+        return self.value
+
+
+_ALIASES = {
+    "bf16": DType.bf16, "bfloat16": DType.bf16,
+    "f16": DType.f16, "fp16": DType.f16, "float16": DType.f16, "half": DType.f16,
+    "f32": DType.f32, "fp32": DType.f32, "float32": DType.f32, "float": DType.f32,
+    "f8e4m3": DType.f8e4m3, "float8_e4m3fn": DType.f8e4m3,
+    "f8e5m2": DType.f8e5m2, "float8_e5m2": DType.f8e5m2,
+}
+
+INPUT_DTYPES = (DType.bf16, DType.f16)
+ACC_DTYPES = (DType.f32, DType.f16)
+OUTPUT_DTYPES = (DType.bf16, DType.f16, DType.f32)
+
+ARCHS = ("sm_90a", "sm_80")
+
+
+def as_dtype(value) -> DType:
+    """Accept a DType, a name ("bf16", "fp16", ...) or a torch dtype."""
+    if isinstance(value, DType):
+        return value
+    name = str(value)
+    if name.startswith("torch."):
+        name = name[len("torch."):]
+    try:
+        return _ALIASES[name]
+    except KeyError:
+        known = ", ".join(sorted({d.value for d in DType}))
+        raise SpecError(f"unknown dtype {value!r}; use one of: {known}") from None
+
+
+def as_arch(value: str) -> str:
+    aliases = {"sm_90a": "sm_90a", "sm90a": "sm_90a", "sm_90": "sm_90a", "sm90": "sm_90a",
+               "hopper": "sm_90a", "sm_80": "sm_80", "sm80": "sm_80", "ampere": "sm_80"}
+    try:
+        return aliases[str(value).lower()]
+    except KeyError:
+        raise SpecError(f"unknown arch {value!r}; use 'sm_90a' (Hopper) or 'sm_80' (Ampere)") from None
+
+
+def torch_dtype(dtype: DType):
+    import torch
+    return {DType.bf16: torch.bfloat16, DType.f16: torch.float16, DType.f32: torch.float32}[dtype]

@@ -1,0 +1,37 @@
+import os
+
+import pytest
+from hypothesis import settings
+
+# CI has two cores and no GPU: keep hypothesis quick and deterministic there.
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True)
+settings.register_profile("dev", max_examples=100, deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("GEMMC_HYPOTHESIS", "dev"))
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+HAS_GPU = _has_gpu()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run with -m gpu on a GPU host)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Tests never touch the user's ~/.cache/gemmc: each session gets its own cache dir."""
+    if "GEMMC_TEST_CACHE_DIR" not in os.environ:
+        os.environ["GEMMC_TEST_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "gemmc-cache")
+    monkeypatch.setenv("GEMMC_CACHE_DIR", os.environ["GEMMC_TEST_CACHE_DIR"])
