@@ -79,7 +79,9 @@ class EpilogueOp:
     op: str
     args: tuple[Ref, ...]
     attrs: tuple[tuple[str, object], ...] = ()
-    line: str = ""  # source location of the traced expression, for error messages
+    # Source location of the traced expression, for error messages only: not part of equality or
+    # the hash, so a traced kernel equals the hand-written spec (and shares its cache key).
+    line: str = field(default="", compare=False)
 
     def attr(self, name, default=None):
         return dict(self.attrs).get(name, default)
