@@ -1,0 +1,263 @@
+"""Compile an `EmittedKernel` (CuTe DSL source) into a TVM-FFI shared object, with its PTX.
+
+    load_module(emitted)    the emitted source as an imported module (CuTe DSL reads its AST from the file)
+    fake_arguments(emitted) one fake per Param (symbolic dims, 16-B alignment) + the env-stream placeholder
+    compile_emitted(...)    cute.compile(..., options="--enable-tvm-ffi --gpu-arch <arch>") -> compiled object
+    jit_callable(emitted)   compile in this process -> a runtime.Launcher (validates, allocates, launches)
+    build(emitted, cache)   export_to_c + `cc -shared` -> Artifact(.so, .ptx, .py) in the kernel cache
+
+Everything that imports `cutlass` is inside a function: importing this module stays cheap and
+GPU hosts without the DSL compiler never reach those paths (they load artifacts through gemmc.runtime).
+
+PTX: the DSL writes it when compiled with `--keep-ptx --dump-dir <dir>` and exposes the text as the
+compiled object's `__ptx__`; we compile into a private temp dir and store the text beside the .so.
+The arch is passed as `--gpu-arch`: `CUTE_DSL_ARCH` is read once when cutlass is first imported, so
+setting it later has no effect (we still set it for the duration of the compile, for code that reads it).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Optional
+
+from .backends import EmittedKernel, Param
+from .cache import Artifact, KernelCache, cache_key, default_cache, default_cache_dir, versions
+from .errors import BuildError
+from .types import DType
+
+_MODULES: dict[str, object] = {}
+_COMPILE_LOCK = threading.Lock()     # the DSL's compiler state is process-global
+
+
+# -- the emitted source as a module ------------------------------------------------------------------
+
+def source_digest(emitted: EmittedKernel) -> str:
+    return hashlib.sha256(emitted.source.encode()).hexdigest()
+
+
+def load_module(emitted: EmittedKernel):
+    """Write `emitted.source` to `<cache>/sources/<sha256>.py` and import it (once per process)."""
+    digest = source_digest(emitted)
+    mod = _MODULES.get(digest)
+    if mod is not None:
+        return mod
+    src_dir = default_cache_dir() / "sources"
+    src_dir.mkdir(parents=True, exist_ok=True)
+    path = src_dir / f"{digest}.py"
+    if not path.exists() or path.read_text() != emitted.source:
+        fd, tmp = tempfile.mkstemp(prefix=f".{digest[:12]}-", suffix=".py", dir=src_dir)
+        with os.fdopen(fd, "w") as f:
+            f.write(emitted.source)
+        os.replace(tmp, path)
+    name = f"gemmc_emitted_{digest[:16]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod           # inspect/getsource and dataclasses look the module up by name
+    try:
+        spec.loader.exec_module(mod)
+    except Exception as e:
+        sys.modules.pop(name, None)
+        raise BuildError(f"the emitted source for {emitted.entry!r} does not import ({path}): "
+                         f"{type(e).__name__}: {e}") from e
+    if not hasattr(mod, emitted.entry):
+        raise BuildError(f"the emitted source {path} has no function {emitted.entry!r} (EmittedKernel.entry)")
+    _MODULES[digest] = mod
+    return mod
+
+
+# -- fake arguments ---------------------------------------------------------------------------------
+
+def _cutlass_dtype(dtype: DType):
+    import cutlass
+    return {
+        DType.bf16: cutlass.BFloat16, DType.f16: cutlass.Float16, DType.f32: cutlass.Float32,
+        DType.f8e4m3: cutlass.Float8E4M3FN, DType.f8e5m2: cutlass.Float8E5M2,
+    }[dtype]
+
+
+def contiguous_index(p: Param) -> int:
+    return p.contiguous % len(p.shape) if p.shape else 0
+
+
+def alignment_elems(dtype: DType) -> int:
+    """Elements per 16 bytes: the divisibility of a contiguous extent and of every leading dimension."""
+    return max(1, 16 // dtype.bytes)
+
+
+def dim_divisibility(params) -> dict[str, int]:
+    """Each named dim's divisibility hint: 16 B worth of elements if it is some tensor's contiguous dim."""
+    div: dict[str, int] = {}
+    for p in params:
+        if p.kind != "tensor":
+            continue
+        for i, d in enumerate(p.shape):
+            if isinstance(d, str):
+                hint = alignment_elems(p.dtype) if i == contiguous_index(p) else 1
+                div[d] = max(div.get(d, 1), hint)
+    return div
+
+
+def fake_arguments(emitted: EmittedKernel) -> list:
+    """One fake per Param, then a fake stream bound to TVM-FFI's env stream (torch's current stream).
+
+    Tensors get stride 1 on the contiguous dim and a symbolic 64-bit stride (divisible by 16 B) on every
+    other dim, so padded leading dimensions and batch strides work; named dims share one `sym_int` each.
+    """
+    import cutlass
+    import cutlass.cute as cute
+
+    syms = {name: cute.sym_int(divisibility=div, symbol=name)
+            for name, div in dim_divisibility(emitted.params).items()}
+    fakes = []
+    for p in emitted.params:
+        if p.kind == "tensor":
+            if not p.shape:
+                raise BuildError(f"tensor param {p.name!r} has no shape")
+            c = contiguous_index(p)
+            shape = tuple(syms[d] if isinstance(d, str) else int(d) for d in p.shape)
+            stride = tuple(1 if i == c else cute.sym_int64(divisibility=alignment_elems(p.dtype))
+                           for i in range(len(shape)))
+            fakes.append(cute.runtime.make_fake_tensor(_cutlass_dtype(p.dtype), shape, stride,
+                                                       assumed_align=16))
+        elif p.kind == "workspace":
+            fakes.append(cute.runtime.make_fake_compact_tensor(
+                _cutlass_dtype(p.dtype), (cute.sym_int(divisibility=4),), assumed_align=16))
+        elif p.kind == "scalar":
+            fakes.append(cutlass.Float32(0.0))
+        else:
+            raise BuildError(f"param {p.name!r} has unknown kind {p.kind!r}; use tensor, scalar or workspace")
+    fakes.append(cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+    return fakes
+
+
+# -- compile ----------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _arch_env(arch: str):
+    old = os.environ.get("CUTE_DSL_ARCH")
+    os.environ["CUTE_DSL_ARCH"] = arch
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("CUTE_DSL_ARCH", None)
+        else:
+            os.environ["CUTE_DSL_ARCH"] = old
+
+
+def compile_arch(emitted: EmittedKernel) -> str:
+    return emitted.compile_arch or emitted.arch
+
+
+def compile_emitted(emitted: EmittedKernel, *, ptx_dir: Optional[str] = None):
+    """`cute.compile` the entry with fake arguments; with `ptx_dir`, the PTX is kept (see `obj.__ptx__`)."""
+    import cutlass.cute as cute
+
+    fn = getattr(load_module(emitted), emitted.entry)
+    arch = compile_arch(emitted)
+    options = f"--enable-tvm-ffi --gpu-arch {arch}"
+    if ptx_dir is not None:
+        options += f" --keep-ptx --dump-dir {ptx_dir}"
+    with _COMPILE_LOCK, _arch_env(arch):
+        try:
+            return cute.compile(fn, *fake_arguments(emitted), options=options)
+        except BuildError:
+            raise
+        except Exception as e:
+            raise BuildError(f"cute.compile failed for {emitted.entry!r} ({arch}): "
+                             f"{type(e).__name__}: {e}") from e
+
+
+def compile_with_ptx(emitted: EmittedKernel):
+    """(compiled object, PTX text)."""
+    with tempfile.TemporaryDirectory(prefix="gemmc-ptx-") as d:
+        obj = compile_emitted(emitted, ptx_dir=d)
+        ptx = obj.__ptx__
+    if not ptx or not ptx.lstrip().startswith(("//", ".version")):
+        raise BuildError(f"the DSL produced no PTX for {emitted.entry!r} (got {str(ptx)[:80]!r})")
+    return obj, ptx
+
+
+def jit_callable(emitted: EmittedKernel):
+    """Compile in this process (needs a GPU host to launch) and wrap it in a validating Launcher."""
+    from .runtime import Launcher
+    return Launcher(emitted.params, function=compile_emitted(emitted), name=emitted.entry)
+
+
+# -- AOT build --------------------------------------------------------------------------------------
+
+def key_material(emitted: EmittedKernel) -> str:
+    """What identifies a compiled kernel: its source, entry, params and compile arch."""
+    params = [param_to_dict(p) for p in emitted.params]
+    return json.dumps({"source": emitted.source, "entry": emitted.entry, "params": params,
+                       "compile_arch": compile_arch(emitted)}, sort_keys=True)
+
+
+def emitted_key(emitted: EmittedKernel, material: Optional[str] = None) -> str:
+    return cache_key(material if material is not None else key_material(emitted), emitted.arch)
+
+
+def param_to_dict(p: Param) -> dict:
+    return {"name": p.name, "kind": p.kind, "dtype": str(p.dtype), "shape": list(p.shape),
+            "contiguous": p.contiguous, "role": p.role, "workspace_elems": p.workspace_elems}
+
+
+def _runtime_flavor(libs: list[str]) -> str:
+    """"cu13" / "cu12": which CUDA build of libcute_dsl_runtime the .so was linked against."""
+    for lib in libs:
+        if lib.endswith("libcute_dsl_runtime.so"):
+            return Path(lib).parent.parent.name
+    return ""
+
+
+def link_shared(obj_path: str, so_path: str, libs: list[str]) -> None:
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise BuildError("no C compiler to link the kernel .so: install gcc or set CC")
+    cmd = [cc, "-shared", "-o", so_path, obj_path, *libs]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"linking failed ({' '.join(cmd)}):\n{proc.stderr.strip()}")
+
+
+def build(emitted: EmittedKernel, cache: Optional[KernelCache] = None, *,
+          material: Optional[str] = None) -> Artifact:
+    """Build (or fetch) the kernel's .so + .ptx in the cache. `material` (e.g. the lowered IR text)
+    replaces the emitted source as the key's identity when given."""
+    cache = cache if cache is not None else default_cache()
+    key = emitted_key(emitted, material)
+    function_name = f"gemmc_{key[:16]}"
+
+    def builder(staging: Path) -> dict:
+        import cutlass.cute as cute
+        obj, ptx = compile_with_ptx(emitted)
+        obj_path = staging / "kernel.o"
+        try:
+            obj.export_to_c(str(obj_path), function_name=function_name)
+        except Exception as e:
+            raise BuildError(f"export_to_c failed for {emitted.entry!r}: {type(e).__name__}: {e}") from e
+        libs = cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)
+        link_shared(str(obj_path), str(staging / "kernel.so"), libs)
+        obj_path.unlink()
+        (staging / "kernel.ptx").write_text(ptx)
+        (staging / "kernel.py").write_text(emitted.source)
+        return {
+            "function": function_name,
+            "entry": emitted.entry,
+            "arch": emitted.arch,
+            "compile_arch": compile_arch(emitted),
+            "params": [param_to_dict(p) for p in emitted.params],
+            "runtime_flavor": _runtime_flavor(libs),
+            "versions": versions(),
+        }
+
+    return cache.get_or_build(key, builder)
