@@ -1,0 +1,437 @@
+"""The `gemm` dialect: what to compute.
+
+  %a = gemm.arg "a" : !gemmc.tensor<M x K x bf16, mk>
+  %b = gemm.arg "b" : !gemmc.tensor<N x K x bf16, nk>
+  %bias = gemm.arg "bias" : !gemmc.tensor<N x f32, row>
+  %out = gemm.matmul @gemm(%a, %b) inputs(%bias) acc f32 -> !gemmc.tensor<M x N x bf16, mn>
+         schedule #gemmc.schedule<...> epilogue {
+  ^bb0(%acc: f32, %bias_1: f32):
+    %0 = gemm.add %acc, %bias_1
+    %1 = gemm.relu %0
+    gemm.yield %1
+  }
+
+The epilogue region has one f32 block argument for the accumulator, then one per epilogue input
+(the input's value broadcast to the current element). Epilogue math is f32; `gemm.cast` rounds.
+"""
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+from xdsl.dialects.builtin import ArrayAttr, FloatData, StringAttr, SymbolRefAttr, f32
+from xdsl.ir import Attribute, Block, Dialect, Operation, Region, SSAValue
+from xdsl.irdl import (IRDLOperation, irdl_op_definition, operand_def, opt_prop_def, prop_def, region_def,
+                       result_def, traits_def, var_operand_def)
+from xdsl.parser import Parser, UnresolvedOperand
+from xdsl.printer import Printer
+from xdsl.traits import IsTerminator, Pure
+from xdsl.utils.exceptions import VerifyException
+
+from ..spec import BINARY_OPS, INPUT_KINDS, OUTPUT_DTYPES
+from ..types import ACC_DTYPES, DType
+from .attrs import ScheduleAttr, TensorType, parse_word, print_word
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+def print_number(printer: Printer, x: float) -> None:
+    """A float that parses back exactly: always has a '.', so MLIR lexes it as a float literal."""
+    if math.isinf(x) or math.isnan(x):
+        printer.print_string_literal(repr(x))   # "inf", "-inf", "nan"
+        return
+    text = repr(float(x))
+    if "." not in text:
+        mant, _, exp = text.partition("e")
+        text = f"{mant}.0" + (f"e{exp}" if exp else "")
+    printer.print_string(text)
+
+
+def parse_number(parser: Parser) -> float:
+    special = parser.parse_optional_str_literal()
+    if special is not None:
+        return float(special)
+    value = parser.parse_optional_number()
+    if value is None:
+        parser.raise_error("expected a number")
+    return float(value)
+
+
+def parse_defined_operand(parser: Parser) -> SSAValue:
+    """An operand defined earlier in the text: its type is already known, so it is not printed."""
+    unresolved: UnresolvedOperand = parser.parse_unresolved_operand()
+    values = parser.ssa_values.get(unresolved.operand_name)
+    if values is None or unresolved.index >= len(values):
+        parser.raise_error(f"%{unresolved.operand_name} is used before it is defined (declare it with gemm.arg)",
+                           unresolved.span.start, unresolved.span.end)
+    return parser.resolve_operand(unresolved, values[unresolved.index].type)
+
+
+def arg_name(value: SSAValue) -> str:
+    """The user-facing name of a GEMM operand: its gemm.arg name, else its SSA name."""
+    if isinstance(value.owner, ArgOp):
+        return value.owner.arg_name.data
+    return value.name_hint or "?"
+
+
+# ---- operands ------------------------------------------------------------------------------
+
+@irdl_op_definition
+class ArgOp(IRDLOperation):
+    """Declares a kernel argument (A, B or an epilogue input) with its name and tensor type."""
+    name = "gemm.arg"
+    arg_name = prop_def(StringAttr)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+
+    def __init__(self, name: str, type_: TensorType):
+        super().__init__(properties={"arg_name": StringAttr(name)}, result_types=[type_])
+        self.result.name_hint = name
+
+    def verify_(self) -> None:
+        if not self.arg_name.data.isidentifier():
+            raise VerifyException(f"gemm.arg: name {self.arg_name.data!r} must be an identifier")
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_string_literal(self.arg_name.data)
+        printer.print_string(" : ")
+        printer.print_attribute(self.result.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> "ArgOp":
+        name = parser.parse_str_literal()
+        parser.parse_punctuation(":")
+        type_ = parser.parse_type()
+        if not isinstance(type_, TensorType):
+            parser.raise_error("gemm.arg: expected a !gemmc.tensor type")
+        return cls(name, type_)
+
+
+# ---- the epilogue's elementwise ops --------------------------------------------------------
+
+class _ElementwiseOp(IRDLOperation):
+    """Base of the epilogue ops: f32 in, f32 out; printed `%r = gemm.<op> %x[, %y] <attrs>`."""
+    result = result_def(f32)
+    traits = traits_def(Pure())
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_list(self.operands, printer.print_operand)
+        self.print_extra(printer)
+
+    def print_extra(self, printer: Printer) -> None:
+        pass
+
+    @classmethod
+    def parse(cls, parser: Parser):
+        operands = [parser.parse_operand(f32)]
+        if cls.name.split('.')[1] in BINARY_OPS:
+            parser.parse_punctuation(",")
+            operands.append(parser.parse_operand(f32))
+        return cls(*operands, **cls.parse_extra(parser))
+
+    @classmethod
+    def parse_extra(cls, parser: Parser) -> dict:
+        return {}
+
+
+class _BinaryOp(_ElementwiseOp):
+    lhs = operand_def(f32)
+    rhs = operand_def(f32)
+
+    def __init__(self, lhs: SSAValue | Operation, rhs: SSAValue | Operation):
+        super().__init__(operands=[lhs, rhs], result_types=[f32])
+
+
+class _UnaryOp(_ElementwiseOp):
+    input = operand_def(f32)
+
+    def __init__(self, input: SSAValue | Operation):
+        super().__init__(operands=[input], result_types=[f32])
+
+
+@irdl_op_definition
+class AddOp(_BinaryOp):
+    name = "gemm.add"
+
+
+@irdl_op_definition
+class SubOp(_BinaryOp):
+    name = "gemm.sub"
+
+
+@irdl_op_definition
+class MulOp(_BinaryOp):
+    name = "gemm.mul"
+
+
+@irdl_op_definition
+class DivOp(_BinaryOp):
+    name = "gemm.div"
+
+
+@irdl_op_definition
+class ReluOp(_UnaryOp):
+    name = "gemm.relu"
+
+
+@irdl_op_definition
+class GeluTanhOp(_UnaryOp):
+    name = "gemm.gelu_tanh"
+
+
+@irdl_op_definition
+class GeluErfOp(_UnaryOp):
+    name = "gemm.gelu_erf"
+
+
+@irdl_op_definition
+class SiluOp(_UnaryOp):
+    name = "gemm.silu"
+
+
+@irdl_op_definition
+class SigmoidOp(_UnaryOp):
+    name = "gemm.sigmoid"
+
+
+@irdl_op_definition
+class TanhOp(_UnaryOp):
+    name = "gemm.tanh"
+
+
+@irdl_op_definition
+class ClampOp(_ElementwiseOp):
+    """`%r = gemm.clamp %x min 0.0 max 6.0` (either bound may be left out)."""
+    name = "gemm.clamp"
+    input = operand_def(f32)
+    min = opt_prop_def(FloatData)
+    max = opt_prop_def(FloatData)
+
+    def __init__(self, input: SSAValue | Operation, min: float | None = None, max: float | None = None):
+        props = {k: FloatData(float(v)) for k, v in (("min", min), ("max", max)) if v is not None}
+        super().__init__(operands=[input], result_types=[f32], properties=props)
+
+    def verify_(self) -> None:
+        if self.min is None and self.max is None:
+            raise VerifyException("gemm.clamp needs min, max or both")
+        if self.min is not None and self.max is not None and self.min.data > self.max.data:
+            raise VerifyException(f"gemm.clamp: min {self.min.data} > max {self.max.data}")
+
+    def print_extra(self, printer: Printer) -> None:
+        for key in ("min", "max"):
+            bound = getattr(self, key)
+            if bound is not None:
+                printer.print_string(f" {key} ")
+                print_number(printer, bound.data)
+
+    @classmethod
+    def parse_extra(cls, parser: Parser) -> dict:
+        out = {}
+        for key in ("min", "max"):
+            if parser.parse_optional_keyword(key):
+                out[key] = parse_number(parser)
+        return out
+
+
+@irdl_op_definition
+class CastOp(_ElementwiseOp):
+    """`%r = gemm.cast %x to bf16`: rounds to `dtype` (the value stays f32 in the IR)."""
+    name = "gemm.cast"
+    input = operand_def(f32)
+    dtype = prop_def(StringAttr)
+
+    def __init__(self, input: SSAValue | Operation, dtype: str | DType):
+        super().__init__(operands=[input], result_types=[f32], properties={"dtype": StringAttr(str(dtype))})
+
+    def verify_(self) -> None:
+        if self.dtype.data not in {d.value for d in OUTPUT_DTYPES}:
+            raise VerifyException(f"gemm.cast to {self.dtype.data}: use bf16, f16 or f32")
+
+    def print_extra(self, printer: Printer) -> None:
+        printer.print_string(f" to {self.dtype.data}")
+
+    @classmethod
+    def parse_extra(cls, parser: Parser) -> dict:
+        parser.parse_keyword("to")
+        return {"dtype": parser.parse_identifier("cast dtype")}
+
+
+@irdl_op_definition
+class ConstOp(IRDLOperation):
+    """`%c = gemm.const 0.5`: a compile-time constant of the epilogue."""
+    name = "gemm.const"
+    value = prop_def(FloatData)
+    result = result_def(f32)
+    traits = traits_def(Pure())
+
+    def __init__(self, value: float):
+        super().__init__(properties={"value": FloatData(float(value))}, result_types=[f32])
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        print_number(printer, self.value.data)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> "ConstOp":
+        return cls(parse_number(parser))
+
+
+@irdl_op_definition
+class YieldOp(IRDLOperation):
+    """Ends the epilogue: the value stored to the output (converted to its dtype)."""
+    name = "gemm.yield"
+    value = operand_def(f32)
+    traits = traits_def(IsTerminator())
+
+    def __init__(self, value: SSAValue | Operation):
+        super().__init__(operands=[value])
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_operand(self.value)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> "YieldOp":
+        return cls(parser.parse_operand(f32))
+
+
+ELEMENTWISE_OPS: dict[str, type[_ElementwiseOp]] = {
+    c.name.split('.')[1]: c for c in (AddOp, SubOp, MulOp, DivOp, ReluOp, GeluTanhOp, GeluErfOp, SiluOp, SigmoidOp, TanhOp,
+                      ClampOp, CastOp)}
+
+
+def verify_epilogue_region(region: Region, inputs, where: str) -> None:
+    """One block: (acc, one f32 per input) -> elementwise ops -> gemm.yield."""
+    if len(region.blocks) != 1:
+        raise VerifyException(f"{where}: the epilogue region must have one block")
+    block = region.blocks.first
+    if len(block.args) != 1 + len(inputs):
+        raise VerifyException(f"{where}: the epilogue block takes the accumulator and {len(inputs)} input(s), "
+                              f"got {len(block.args)} argument(s)")
+    if any(a.type != f32 for a in block.args):
+        raise VerifyException(f"{where}: epilogue block arguments are f32")
+    if not isinstance(block.last_op, YieldOp):
+        raise VerifyException(f"{where}: the epilogue must end with gemm.yield")
+    for op in block.ops:
+        if not isinstance(op, (_ElementwiseOp, ConstOp, YieldOp)):
+            raise VerifyException(f"{where}: {op.name} is not an elementwise epilogue op")
+
+
+# ---- the matmul ----------------------------------------------------------------------------
+
+class GemmSignature:
+    """Operands, result and epilogue shared by gemm.matmul and kernel.gemm, and their syntax:
+    `@name(%a, %b) inputs(%x, ...) acc f32 -> !gemmc.tensor<...>`."""
+
+    def signature_verify(self, where: str) -> None:
+        a, b, out = self.a.type, self.b.type, self.out.type
+        for what, t, layouts in (("A", a, ("mk", "km")), ("B", b, ("nk", "kn")), ("the output", out, ("mn",))):
+            if not isinstance(t, TensorType) or t.layout.data not in layouts:
+                raise VerifyException(f"{where}: {what} must be a !gemmc.tensor with layout {' or '.join(layouts)}")
+        (am, ak) = a.dims[-2:] if a.layout.data == "mk" else a.dims[-2:][::-1]
+        (bn, bk) = b.dims[-2:] if b.layout.data == "nk" else b.dims[-2:][::-1]
+        om, on = out.dims[-2:]
+        if ak != bk:
+            raise VerifyException(f"{where}: A has K={ak} but B has K={bk}")
+        if (am, bn) != (om, on):
+            raise VerifyException(f"{where}: A x B is {am} x {bn} but the output is {om} x {on}")
+        if not (a.batch == b.batch == out.batch):
+            raise VerifyException(f"{where}: batch dims differ: A {a.batch}, B {b.batch}, output {out.batch}")
+        if self.acc_dtype.data not in {d.value for d in ACC_DTYPES}:
+            raise VerifyException(f"{where}: accumulator dtype {self.acc_dtype.data}; use f32 or f16")
+        for x in self.inputs:
+            t = x.type
+            if not isinstance(t, TensorType) or t.layout.data not in INPUT_KINDS:
+                raise VerifyException(f"{where}: epilogue input {arg_name(x)} needs a !gemmc.tensor with layout "
+                                      f"one of {INPUT_KINDS}")
+            want = {"scalar": (), "row": (on,), "col": (om,), "full": (om, on)}[t.layout.data]
+            if t.dims[-len(want):] != want if want else t.dims:
+                raise VerifyException(f"{where}: {t.layout.data} input {arg_name(x)} must have dims {want}, "
+                                      f"got {t.dims}")
+        verify_epilogue_region(self.epilogue_region, self.inputs, where)
+
+    @property
+    def epilogue_region(self) -> Region:
+        return self.epilogue
+
+    def print_signature(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_symbol_name(self.kernel_name.data)
+        with printer.in_parens():
+            printer.print_list([self.a, self.b], printer.print_operand)
+        if self.inputs:
+            printer.print_string(" inputs")
+            with printer.in_parens():
+                printer.print_list(self.inputs, printer.print_operand)
+        printer.print_string(f" acc {self.acc_dtype.data} -> ")
+        printer.print_attribute(self.out.type)
+
+    @staticmethod
+    def parse_signature(parser: Parser) -> dict:
+        name = parser.parse_symbol_name().data
+        a, b = parser.parse_comma_separated_list(parser.Delimiter.PAREN, lambda: parse_defined_operand(parser))
+        inputs = []
+        if parser.parse_optional_keyword("inputs"):
+            inputs = parser.parse_comma_separated_list(parser.Delimiter.PAREN, lambda: parse_defined_operand(parser))
+        parser.parse_keyword("acc")
+        acc = parser.parse_identifier("accumulator dtype")
+        parser.parse_punctuation("->")
+        out = parser.parse_type()
+        return dict(name=name, a=a, b=b, inputs=inputs, acc_dtype=acc, out_type=out)
+
+
+@irdl_op_definition
+class MatmulOp(IRDLOperation, GemmSignature):
+    """out = epilogue(A x B): the one matmul of a gemmc kernel, with an optional schedule."""
+    name = "gemm.matmul"
+
+    a = operand_def(TensorType)
+    b = operand_def(TensorType)
+    inputs = var_operand_def(TensorType)
+    out = result_def(TensorType)
+    kernel_name = prop_def(StringAttr)
+    acc_dtype = prop_def(StringAttr)
+    schedule = opt_prop_def(ScheduleAttr)
+    epilogue = region_def("single_block")
+
+    def __init__(self, name: str, a: SSAValue, b: SSAValue, inputs, out_type: TensorType, acc_dtype: str,
+                 epilogue: Region, schedule: ScheduleAttr | None = None):
+        props = {"kernel_name": StringAttr(name), "acc_dtype": StringAttr(str(acc_dtype))}
+        if schedule is not None:
+            props["schedule"] = schedule
+        super().__init__(operands=[a, b, list(inputs)], result_types=[out_type], properties=props,
+                         regions=[epilogue])
+        self.out.name_hint = "out"
+
+    def verify_(self) -> None:
+        self.signature_verify("gemm.matmul")
+
+    def print(self, printer: Printer) -> None:
+        self.print_signature(printer)
+        if self.schedule is not None:
+            printer.print_string(" schedule ")
+            printer.print_attribute(self.schedule)
+        printer.print_string(" epilogue ")
+        printer.print_region(self.epilogue)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> "MatmulOp":
+        sig = cls.parse_signature(parser)
+        schedule = None
+        if parser.parse_optional_keyword("schedule"):
+            schedule = parser.parse_attribute()
+        parser.parse_keyword("epilogue")
+        region = parser.parse_region()
+        return cls(sig["name"], sig["a"], sig["b"], sig["inputs"], sig["out_type"], sig["acc_dtype"], region,
+                   schedule)
+
+
+def identity_epilogue(num_inputs: int) -> Region:
+    block = Block(arg_types=[f32] * (1 + num_inputs))
+    block.add_op(YieldOp(block.args[0]))
+    return Region(block)
+
+
+Gemm = Dialect("gemm", [ArgOp, MatmulOp, ConstOp, YieldOp, *ELEMENTWISE_OPS.values()], [])

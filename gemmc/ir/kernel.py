@@ -1,0 +1,449 @@
+"""The `kernel` dialect: how the GEMM runs. One op per fact of gemmc/ir/plan.py, each written by one pass.
+
+  %out = kernel.gemm @gemm(%a, %b) acc f32 -> !gemmc.tensor<M x N x bf16, mn>
+         arch sm_90a tile 128x128x64 mode cooperative threads 384 schedule #gemmc.schedule<...> {
+    kernel.warpgroup producer index 0 regs 40 warps 4              // assign-warpgroup-roles
+    kernel.warpgroup consumer index 1 regs 232 warps 4
+    kernel.warpgroup consumer index 2 regs 232 warps 4
+    kernel.mma wgmma inst 64x128x16 atoms 2x1x1 a_from smem
+    kernel.cluster 2x1                                              // tma-cluster-layout
+    kernel.copy a tma box 64x64 swizzle 128 multicast 1
+    kernel.copy b tma box 64x64 swizzle 128 multicast 2 along m
+    kernel.copy c tma_store box 128x32 swizzle 64 multicast 1
+    kernel.pipeline stages 6 barriers [full, empty] epi_stages 2 epi_tile 128x32 smem 214016   // pipeline-staging
+    kernel.tile_scheduler persistent true raster m swizzle 1 split_k 1 split_k_mode none
+    kernel.epilogue store tma {
+    ^bb0(%acc: f32):
+      gemm.yield %acc
+    }
+  }
+
+Every fact op prints as `kernel.<op> <positional values> (<keyword> <value>)*`, from its FIELDS table.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+from xdsl.dialects.builtin import ArrayAttr, BoolAttr, IntAttr, IntegerAttr, StringAttr
+from xdsl.ir import Attribute, Block, Dialect, Region, SSAValue
+from xdsl.irdl import (IRDLOperation, irdl_op_definition, operand_def, opt_prop_def, prop_def, region_def,
+                       result_def, traits_def, lazy_traits_def, var_operand_def)
+from xdsl.parser import Parser
+from xdsl.printer import Printer
+from xdsl.traits import HasParent, NoTerminator
+from xdsl.utils.exceptions import VerifyException
+
+from ..types import ARCHS
+from .attrs import (ScheduleAttr, TensorType, ints_attr, ints_value, parse_shape, parse_word, print_shape,
+                    print_word)
+from .gemm import GemmSignature, verify_epilogue_region
+
+_REQUIRED = object()
+
+
+def _to_attr(kind: str, value) -> Attribute:
+    if kind == "int":
+        return IntAttr(int(value))
+    if kind == "word":
+        return StringAttr(str(value))
+    if kind == "shape":
+        return ints_attr(value)
+    if kind == "words":
+        return ArrayAttr([StringAttr(str(v)) for v in value])
+    if kind == "bool":
+        return BoolAttr.from_bool(bool(value))
+    raise AssertionError(kind)
+
+
+def _from_attr(kind: str, attr: Attribute):
+    if kind in ("int", "word"):
+        return attr.data
+    if kind == "shape":
+        return ints_value(attr)
+    if kind == "words":
+        return tuple(a.data for a in attr.data)
+    if kind == "bool":
+        return bool(attr.value.data)
+    raise AssertionError(kind)
+
+
+class FactOp(IRDLOperation):
+    """A kernel fact: properties listed in FIELDS as (name, keyword or None if positional, kind, default).
+    Fields with a default are left out of the text when they hold it."""
+    FIELDS: ClassVar[tuple] = ()
+
+    @classmethod
+    def make(cls, **values):
+        props = {}
+        for name, _kw, kind, default in cls.FIELDS:
+            value = values.pop(name, default)
+            if value is _REQUIRED:
+                raise TypeError(f"{cls.name}: missing {name}")
+            props[name] = _to_attr(kind, value)
+        if values:
+            raise TypeError(f"{cls.name}: unknown fields {sorted(values)}")
+        return cls.create(properties=props)
+
+    def get(self, name: str):
+        for field, _kw, kind, _default in self.FIELDS:
+            if field == name:
+                return _from_attr(kind, self.properties[name])
+        raise KeyError(name)
+
+    def values(self) -> dict:
+        return {f: self.get(f) for f, *_ in self.FIELDS}
+
+    def verify_(self) -> None:
+        for name, _kw, kind, _default in self.FIELDS:
+            attr = self.properties.get(name)
+            want = {"int": IntAttr, "word": StringAttr, "shape": ArrayAttr, "words": ArrayAttr,
+                    "bool": IntegerAttr}[kind]
+            if not isinstance(attr, want):
+                raise VerifyException(f"{self.name}: missing or malformed {name}")
+        self.check()
+
+    def check(self) -> None:
+        """Op-specific rules; raise VerifyException naming the field and the allowed values."""
+
+    def fail_unless(self, ok: bool, message: str) -> None:
+        if not ok:
+            raise VerifyException(f"{self.name}: {message}")
+
+    def print(self, printer: Printer) -> None:
+        for name, kw, kind, default in self.FIELDS:
+            value = self.get(name)
+            if default is not _REQUIRED and value == default:
+                continue
+            printer.print_string(" ")
+            if kw is not None:
+                printer.print_string(kw + " ")
+            if kind == "int":
+                printer.print_string(str(value))
+            elif kind == "word":
+                print_word(printer, value)
+            elif kind == "shape":
+                print_shape(printer, value)
+            elif kind == "bool":
+                printer.print_string("true" if value else "false")
+            else:
+                with printer.in_square_brackets():
+                    printer.print_list(value, lambda w: print_word(printer, w))
+
+    @classmethod
+    def parse(cls, parser: Parser):
+        values = {}
+        for name, kw, kind, default in cls.FIELDS:
+            if kw is not None:
+                if default is not _REQUIRED:
+                    if parser.parse_optional_keyword(kw) is None:
+                        continue
+                else:
+                    parser.parse_keyword(kw)
+            if kind == "int":
+                values[name] = parser.parse_integer(allow_boolean=False)
+            elif kind == "word":
+                values[name] = parse_word(parser, name)
+            elif kind == "shape":
+                values[name] = parse_shape(parser)
+            elif kind == "bool":
+                values[name] = parser.parse_boolean()
+            else:
+                values[name] = parser.parse_comma_separated_list(parser.Delimiter.SQUARE,
+                                                                 lambda: parse_word(parser, name))
+        return cls.make(**values)
+
+
+def _in_kernel():
+    return lazy_traits_def(lambda: (HasParent(KernelGemmOp),))
+
+
+@irdl_op_definition
+class WarpGroupOp(FactOp):
+    """A warpgroup (4 warps) and its job. SM80 has no producer: all warps are `uniform`."""
+    name = "kernel.warpgroup"
+    role = prop_def(StringAttr)
+    index = prop_def(IntAttr)
+    regs = prop_def(IntAttr)
+    warps = prop_def(IntAttr)
+    traits = _in_kernel()
+    FIELDS: ClassVar[tuple] = (("role", None, "word", _REQUIRED), ("index", "index", "int", _REQUIRED),
+              ("regs", "regs", "int", _REQUIRED), ("warps", "warps", "int", _REQUIRED))
+    ROLES: ClassVar[tuple] = ("producer", "consumer", "epilogue", "uniform")
+
+    def check(self) -> None:
+        v = self.values()
+        self.fail_unless(v["role"] in self.ROLES, f"role {v['role']!r}; use one of {self.ROLES}")
+        self.fail_unless(v["index"] >= 0, f"index {v['index']} must be >= 0")
+        self.fail_unless(1 <= v["warps"] <= 4, f"warps {v['warps']}: a warpgroup has 1 to 4 warps")
+        # setmaxnreg takes 24..256 in steps of 8; 0 leaves the choice to the compiler
+        self.fail_unless(v["regs"] == 0 or (24 <= v["regs"] <= 256 and v["regs"] % 8 == 0),
+                         f"regs {v['regs']}: use 0 (compiler's choice) or a multiple of 8 from 24 to 256")
+
+
+@irdl_op_definition
+class MmaOp(FactOp):
+    """The tensor-core instruction, its shape (M x N x K) and how atoms tile the CTA tile."""
+    name = "kernel.mma"
+    kind = prop_def(StringAttr)
+    inst = prop_def(ArrayAttr)
+    atoms = prop_def(ArrayAttr)
+    a_source = prop_def(StringAttr)
+    traits = _in_kernel()
+    FIELDS: ClassVar[tuple] = (("kind", None, "word", _REQUIRED), ("inst", "inst", "shape", _REQUIRED),
+              ("atoms", "atoms", "shape", _REQUIRED), ("a_source", "a_from", "word", "smem"))
+
+    def check(self) -> None:
+        v = self.values()
+        self.fail_unless(len(v["inst"]) == 3 and len(v["atoms"]) == 3, "inst and atoms are M x N x K shapes")
+        m, n, k = v["inst"]
+        if v["kind"] == "wgmma":
+            self.fail_unless(m == 64 and n % 8 == 0 and 8 <= n <= 256 and k in (16, 32),
+                             f"wgmma inst {m}x{n}x{k}: M is 64, N a multiple of 8 up to 256, K 16 (32 for fp8)")
+        elif v["kind"] == "mma.sync":
+            self.fail_unless((m, n, k) in ((16, 8, 16), (16, 8, 8)), f"mma.sync inst {m}x{n}x{k}: use 16x8x16")
+        else:
+            self.fail_unless(False, f"kind {v['kind']!r}; use wgmma or mma.sync")
+        self.fail_unless(v["a_source"] in ("smem", "rmem"), f"a_from {v['a_source']!r}; use smem or rmem")
+        self.fail_unless(min(v["atoms"]) >= 1, "atoms must be positive")
+
+
+@irdl_op_definition
+class ClusterOp(FactOp):
+    """CTAs per cluster (M x N)."""
+    name = "kernel.cluster"
+    shape = prop_def(ArrayAttr)
+    traits = _in_kernel()
+    FIELDS: ClassVar[tuple] = (("shape", None, "shape", _REQUIRED),)
+
+    def check(self) -> None:
+        shape = self.get("shape")
+        self.fail_unless(len(shape) == 2 and min(shape) >= 1, f"shape {shape} must be M x N, positive")
+
+
+@irdl_op_definition
+class CopyOp(FactOp):
+    """How one operand moves between global and shared memory (or registers)."""
+    name = "kernel.copy"
+    operand = prop_def(StringAttr)
+    kind = prop_def(StringAttr)
+    box = prop_def(ArrayAttr)
+    swizzle_bytes = prop_def(IntAttr)
+    multicast = prop_def(IntAttr)
+    multicast_along = prop_def(StringAttr)
+    vector_bytes = prop_def(IntAttr)
+    traits = _in_kernel()
+    FIELDS: ClassVar[tuple] = (("operand", None, "word", _REQUIRED), ("kind", None, "word", _REQUIRED),
+              ("box", "box", "shape", _REQUIRED), ("swizzle_bytes", "swizzle", "int", _REQUIRED),
+              ("multicast", "multicast", "int", 1), ("multicast_along", "along", "word", ""),
+              ("vector_bytes", "vector", "int", 16))
+    KINDS: ClassVar[tuple] = ("tma", "tma_store", "cp_async", "ldg")
+
+    def check(self) -> None:
+        v = self.values()
+        self.fail_unless(v["kind"] in self.KINDS, f"kind {v['kind']!r}; use one of {self.KINDS}")
+        self.fail_unless(len(v["box"]) == 2 and min(v["box"]) >= 1, f"box {v['box']} must be rows x cols, positive")
+        self.fail_unless(v["swizzle_bytes"] in (0, 32, 64, 128), f"swizzle {v['swizzle_bytes']}; use 0, 32, 64 or 128")
+        self.fail_unless(v["multicast"] >= 1, f"multicast {v['multicast']} must be >= 1")
+        self.fail_unless((v["multicast"] > 1) == (v["multicast_along"] in ("m", "n")),
+                         "a multicast copy says along m or n; a plain copy says neither")
+        self.fail_unless(v["vector_bytes"] in (4, 8, 16), f"vector {v['vector_bytes']}; use 4, 8 or 16 bytes")
+
+
+@irdl_op_definition
+class PipelineOp(FactOp):
+    """The A/B shared-memory ring, its barriers, and the epilogue's staging buffers."""
+    name = "kernel.pipeline"
+    stages = prop_def(IntAttr)
+    barriers = prop_def(ArrayAttr)
+    epi_stages = prop_def(IntAttr)
+    epi_tile = prop_def(ArrayAttr)
+    smem_bytes = prop_def(IntAttr)
+    traits = _in_kernel()
+    FIELDS: ClassVar[tuple] = (("stages", "stages", "int", _REQUIRED), ("barriers", "barriers", "words", _REQUIRED),
+              ("epi_stages", "epi_stages", "int", _REQUIRED), ("epi_tile", "epi_tile", "shape", _REQUIRED),
+              ("smem_bytes", "smem", "int", _REQUIRED))
+
+    def check(self) -> None:
+        v = self.values()
+        self.fail_unless(v["stages"] >= 1, f"stages {v['stages']} must be >= 1")
+        self.fail_unless(len(v["barriers"]) >= 1, "name at least one barrier kind")
+        self.fail_unless(v["epi_stages"] >= 0, f"epi_stages {v['epi_stages']} must be >= 0")
+        self.fail_unless(len(v["epi_tile"]) == 2 and min(v["epi_tile"]) >= 1, "epi_tile is rows x cols, positive")
+        self.fail_unless(v["smem_bytes"] >= 0, "smem must be >= 0")
+
+
+@irdl_op_definition
+class TileSchedulerOp(FactOp):
+    """Which CTA computes which output tile: persistence, raster order, swizzle, split-K."""
+    name = "kernel.tile_scheduler"
+    persistent = prop_def(IntegerAttr)
+    raster = prop_def(StringAttr)
+    swizzle = prop_def(IntAttr)
+    split_k = prop_def(IntAttr)
+    split_k_mode = prop_def(StringAttr)
+    traits = _in_kernel()
+    FIELDS: ClassVar[tuple] = (("persistent", "persistent", "bool", _REQUIRED), ("raster", "raster", "word", _REQUIRED),
+              ("swizzle", "swizzle", "int", _REQUIRED), ("split_k", "split_k", "int", _REQUIRED),
+              ("split_k_mode", "split_k_mode", "word", _REQUIRED))
+
+    def check(self) -> None:
+        v = self.values()
+        self.fail_unless(v["raster"] in ("m", "n"), f"raster {v['raster']!r}; use m or n")
+        self.fail_unless(v["swizzle"] >= 1 and v["split_k"] >= 1, "swizzle and split_k are >= 1")
+        self.fail_unless(v["split_k_mode"] in ("none", "serial"), f"split_k_mode {v['split_k_mode']!r}")
+        self.fail_unless((v["split_k"] > 1) == (v["split_k_mode"] != "none"),
+                         "split_k_mode is none exactly when split_k is 1")
+
+
+@irdl_op_definition
+class EpilogueOp(IRDLOperation):
+    """The epilogue's elementwise ops (moved from gemm.matmul) and the store path (tma | direct),
+    which tma-cluster-layout decides."""
+    name = "kernel.epilogue"
+    store = opt_prop_def(StringAttr)
+    body = region_def("single_block")
+    traits = _in_kernel()
+
+    def __init__(self, body: Region, store: str | None = None):
+        super().__init__(regions=[body], properties={"store": StringAttr(store)} if store else {})
+
+    def verify_(self) -> None:
+        if self.store is not None and self.store.data not in ("tma", "direct"):
+            raise VerifyException(f"kernel.epilogue: store {self.store.data!r}; use tma or direct")
+
+    def print(self, printer: Printer) -> None:
+        if self.store is not None:
+            printer.print_string(f" store {self.store.data}")
+        printer.print_string(" ")
+        printer.print_region(self.body)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> "EpilogueOp":
+        store = parse_word(parser, "store") if parser.parse_optional_keyword("store") else None
+        return cls(parser.parse_region(), store)
+
+
+SINGLETONS = (MmaOp, ClusterOp, PipelineOp, TileSchedulerOp, EpilogueOp)
+
+
+@irdl_op_definition
+class KernelGemmOp(IRDLOperation, GemmSignature):
+    """One CTA-level GEMM kernel: the problem (operands), the tile, and a body of kernel facts."""
+    name = "kernel.gemm"
+
+    a = operand_def(TensorType)
+    b = operand_def(TensorType)
+    inputs = var_operand_def(TensorType)
+    out = result_def(TensorType)
+    kernel_name = prop_def(StringAttr)
+    acc_dtype = prop_def(StringAttr)
+    arch = prop_def(StringAttr)
+    tile = prop_def(ArrayAttr)
+    mode = prop_def(StringAttr)
+    threads = prop_def(IntAttr)
+    schedule = prop_def(ScheduleAttr)
+    body = region_def("single_block")
+    traits = traits_def(NoTerminator())
+
+    MODES: ClassVar[tuple] = ("cooperative", "pingpong", "multistage")
+
+    def __init__(self, name: str, a: SSAValue, b: SSAValue, inputs, out_type: TensorType, acc_dtype: str,
+                 arch: str, tile, mode: str, threads: int, schedule: ScheduleAttr, body: Region | None = None):
+        props = {"kernel_name": StringAttr(name), "acc_dtype": StringAttr(str(acc_dtype)),
+                 "arch": StringAttr(arch), "tile": ints_attr(tile), "mode": StringAttr(mode),
+                 "threads": IntAttr(threads), "schedule": schedule}
+        super().__init__(operands=[a, b, list(inputs)], result_types=[out_type], properties=props,
+                         regions=[body or Region(Block())])
+        self.out.name_hint = "out"
+
+    # -- facts --------------------------------------------------------------------------
+    def ops_of(self, cls) -> list:
+        return [op for op in self.body.block.ops if isinstance(op, cls)]
+
+    def fact(self, cls):
+        found = self.ops_of(cls)
+        return found[0] if found else None
+
+    @property
+    def epilogue_op(self) -> EpilogueOp:
+        return self.fact(EpilogueOp)
+
+    @property
+    def epilogue_region(self) -> Region:
+        return self.epilogue_op.body
+
+    def add_fact(self, op) -> None:
+        """Insert before kernel.epilogue, so facts read in pass order and the epilogue comes last."""
+        ep = self.epilogue_op
+        if ep is None:
+            self.body.block.add_op(op)
+        else:
+            self.body.block.insert_op_before(op, ep)
+
+    def drop_facts(self, *classes) -> None:
+        """Passes replace their own facts, so running a pass twice is harmless."""
+        for op in [op for op in self.body.block.ops if isinstance(op, classes)]:
+            op.detach()
+            op.erase()
+
+    def verify_(self) -> None:
+        if self.arch.data not in ARCHS:
+            raise VerifyException(f"kernel.gemm: arch {self.arch.data!r}; use one of {ARCHS}")
+        if self.mode.data not in self.MODES:
+            raise VerifyException(f"kernel.gemm: mode {self.mode.data!r}; use one of {self.MODES}")
+        if len(self.tile.data) != 3:
+            raise VerifyException("kernel.gemm: tile is M x N x K")
+        for cls in SINGLETONS:
+            if len(self.ops_of(cls)) > 1:
+                raise VerifyException(f"kernel.gemm: more than one {cls.name}")
+        if self.epilogue_op is None:
+            raise VerifyException("kernel.gemm: the body needs a kernel.epilogue")
+        self.signature_verify("kernel.gemm")
+        wgs = self.ops_of(WarpGroupOp)
+        if wgs:
+            indices = [w.get("index") for w in wgs]
+            if sorted(indices) != list(range(len(wgs))):
+                raise VerifyException(f"kernel.gemm: warpgroup indices {indices} must be 0..{len(wgs) - 1}")
+            threads = 32 * sum(w.get("warps") for w in wgs)
+            if threads != self.threads.data:
+                raise VerifyException(f"kernel.gemm: threads {self.threads.data} but the warpgroups have {threads}")
+        for copy in self.ops_of(CopyOp):
+            names = {"a", "b", "c"} | {arg_name_of(x) for x in self.inputs}
+            if copy.get("operand") not in names:
+                raise VerifyException(f"kernel.copy: unknown operand {copy.get('operand')!r}; "
+                                      f"use one of {sorted(names)}")
+
+    def print(self, printer: Printer) -> None:
+        self.print_signature(printer)
+        printer.print_string(f" arch {self.arch.data} tile ")
+        print_shape(printer, ints_value(self.tile))
+        printer.print_string(f" mode {self.mode.data} threads {self.threads.data} schedule ")
+        printer.print_attribute(self.schedule)
+        printer.print_string(" ")
+        printer.print_region(self.body)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> "KernelGemmOp":
+        sig = cls.parse_signature(parser)
+        parser.parse_keyword("arch")
+        arch = parse_word(parser, "arch")
+        parser.parse_keyword("tile")
+        tile = parse_shape(parser)
+        parser.parse_keyword("mode")
+        mode = parse_word(parser, "mode")
+        parser.parse_keyword("threads")
+        threads = parser.parse_integer(allow_boolean=False)
+        parser.parse_keyword("schedule")
+        schedule = parser.parse_attribute()
+        body = parser.parse_region()
+        return cls(sig["name"], sig["a"], sig["b"], sig["inputs"], sig["out_type"], sig["acc_dtype"], arch, tile,
+                   mode, threads, schedule, body)
+
+
+def arg_name_of(value: SSAValue) -> str:
+    from .gemm import arg_name
+    return arg_name(value)
+
+
+Kernel = Dialect("kernel", [KernelGemmOp, WarpGroupOp, MmaOp, ClusterOp, CopyOp, PipelineOp, TileSchedulerOp,
+                            EpilogueOp], [])
