@@ -1,0 +1,579 @@
+"""Emit a persistent, warp-specialized TMA + WGMMA CuTe DSL kernel from a `KernelPlan`.
+
+The emitted module is plain CuTe DSL Python. Its first block names every plan fact as a constant
+(with the kernel-IR op it comes from); the kernel code below only reads those constants, so no
+decision is made here or in the kernel. Blocks by role:
+  host      : views (M,K,L)/(N,K,L)/(M,N,L), TMA atoms, tile-scheduler params, launch (+ split-K reduce)
+  scheduler : persistent static scheduler (raster order, swizzle), split-K decode of the L coordinate
+  producer  : one warp of the producer warpgroup, setmaxnreg down, TMA (multicast) into the smem ring
+  consumer  : setmaxnreg up, WGMMA main loop (cooperative: 2 WGs split a tile; ping-pong: alternate tiles)
+  epilogue  : the plan's epilogue DAG on the accumulators, cast, registers -> smem -> TMA store
+"""
+from __future__ import annotations
+
+import textwrap
+from string import Template
+
+from ...errors import BuildError
+from ...ir.plan import KernelPlan
+from ...types import DType
+from .. import EmittedKernel, Param
+from ..common import (dsl_type, epilogue_math_lines, input_kernel_args, input_kernel_params,
+                      input_value_expr, input_view_lines, splitk_reduce_launch_lines, splitk_reduce_source)
+
+_SWIZZLE_KIND = {128: "SW128", 64: "SW64", 32: "SW32", 0: "INTER"}
+
+
+def _check(plan: KernelPlan) -> None:
+    p = plan.problem
+    if plan.arch != "sm_90a":
+        raise BuildError(f"the SM90 backend got a plan for {plan.arch}; use gemmc.backends.emit(plan)")
+    if plan.mode not in ("cooperative", "pingpong"):
+        raise BuildError(f"SM90 mode {plan.mode!r} is not cooperative or pingpong")
+    for dt in (p.a_dtype, p.b_dtype):
+        if dt not in (DType.bf16, DType.f16):
+            raise BuildError(f"SM90 inputs must be bf16 or f16, got {dt}")
+    if plan.mma.kind != "wgmma":
+        raise BuildError(f"SM90 plan has MMA kind {plan.mma.kind!r}; expected 'wgmma'")
+    prod, cons = plan.role("producer"), plan.role("consumer")
+    if len(prod) != 1 or prod[0].index != 0 or len(cons) != 2 or sorted(w.index for w in cons) != [1, 2]:
+        raise BuildError("SM90 plans need warpgroup 0 = producer and warpgroups 1, 2 = consumers; got "
+                         f"{plan.warpgroups}")
+    if plan.threads != 128 * len(plan.warpgroups):
+        raise BuildError(f"plan.threads={plan.threads} does not match {len(plan.warpgroups)} warpgroups")
+    for op in ("a", "b"):
+        c = plan.copy(op)
+        if c.kind != "tma":
+            raise BuildError(f"SM90 operand {op} copy kind {c.kind!r}; expected 'tma'")
+    for inp in plan.epilogue.inputs:
+        if inp.kind != "scalar" and inp.dtype not in (DType.bf16, DType.f16, DType.f32):
+            raise BuildError(f"epilogue input {inp.name} has dtype {inp.dtype}")
+
+
+def params_of(plan: KernelPlan) -> tuple[Param, ...]:
+    """The compiled function's arguments, in order (the stream follows them)."""
+    p = plan.problem
+    lead = ("L",) if p.batch is not None else ()
+    L = (p.batch,) if p.batch is not None else ()
+    lead = L
+    a_shape = (p.m, p.k) if p.a_major == "k" else (p.k, p.m)
+    b_shape = (p.n, p.k) if p.b_major == "k" else (p.k, p.n)
+    out = [Param("a", "tensor", p.a_dtype, lead + a_shape, role="a"),
+           Param("b", "tensor", p.b_dtype, lead + b_shape, role="b"),
+           Param("out", "tensor", p.out_dtype, lead + (p.m, p.n), role="out")]
+    for inp in plan.epilogue.inputs:
+        if inp.kind == "scalar":
+            out.append(Param(inp.name, "scalar", DType.f32, (), role="scalar"))
+        else:
+            shape = {"row": (p.n,), "col": (p.m,), "full": (p.m, p.n)}[inp.kind]
+            out.append(Param(inp.name, "tensor", inp.dtype, lead + shape, role="input"))
+    sk = plan.scheduler.split_k
+    if sk > 1:
+        batch = p.batch if p.batch is not None else 1
+        elems = f"{sk} * ({_dim_expr(batch)}) * ({_dim_expr(p.m)}) * ({_dim_expr(p.n)})"
+        # (SPLIT_K * L, M, N) f32 partials; split s of batch l at s * L + l
+        out.append(Param("workspace", "workspace", DType.f32, (elems,), role="workspace",
+                         workspace_elems=elems))
+    return tuple(out)
+
+
+def _dim_expr(d) -> str:
+    return str(d)
+
+
+def _mul_dim(k: int, d):
+    return k * d if isinstance(d, int) else f"{k}*{d}"
+
+
+def _smem_atom(major_is_k: bool, swizzle_bytes: int) -> str:
+    kind = _SWIZZLE_KIND[swizzle_bytes]
+    return f"warpgroup.SmemLayoutAtomKind.{'K' if major_is_k else 'MN'}_{kind}"
+
+
+def _block(text: str, **subs) -> str:
+    return Template(textwrap.dedent(text).strip("\n")).substitute(**subs)
+
+
+def _indent(lines, n: int) -> str:
+    pad = " " * n
+    return "\n".join(pad + ln for ln in lines)
+
+
+def emit(plan: KernelPlan) -> EmittedKernel:
+    _check(plan)
+    p = plan.problem
+    ca, cb, cc = plan.copy("a"), plan.copy("b"), plan.copy("c")
+    bm, bn, bk = plan.tile
+    cm, cn = plan.cluster
+    prod = plan.role("producer")[0]
+    cons = plan.role("consumer")
+    pingpong = plan.mode == "pingpong"
+    sk = plan.scheduler.split_k
+    batched = p.batch is not None
+    entry = f"{p.name}_sm90"
+    if ca.multicast != cn or cb.multicast != cm:
+        raise BuildError(f"plan multicast (a: {ca.multicast}, b: {cb.multicast}) does not match cluster {plan.cluster} "
+                         "(A is multicast along the cluster's N extent, B along its M extent)")
+    inputs = plan.epilogue.inputs
+    ops = plan.epilogue.ops
+    # with split-K the main kernel writes raw f32 partials; the reduce kernel applies the epilogue
+    store_dtype = DType.f32 if sk > 1 else p.out_dtype
+    main_ops, main_inputs = ((), ()) if sk > 1 else (ops, inputs)
+    store_major_is_k = True  # C/out is row-major: N (the "K-like" contiguous mode of the epilogue tile) is contiguous
+    params = params_of(plan)
+
+    facts = _block('''
+        # ---- kernel-IR facts (KernelPlan); the code below reads only these ----------------------
+        A_DTYPE = $a_dtype                      # problem: a dtype
+        B_DTYPE = $b_dtype                      # problem: b dtype
+        ACC_DTYPE = $acc_dtype                  # problem: accumulator dtype
+        STORE_DTYPE = $store_dtype              # epilogue store path dtype (f32 partials under split-K)
+        A_MAJOR = warpgroup.OperandMajorMode.$a_major   # problem: a_major = "$a_major_s"
+        B_MAJOR = warpgroup.OperandMajorMode.$b_major   # problem: b_major = "$b_major_s"
+        TILE_MNK = ($bm, $bn, $bk)              # tile
+        CLUSTER_MN = ($cm, $cn)                 # cluster shape
+        A_MULTICAST = $a_mc                     # tma-cluster-layout: A multicast along the cluster's N extent
+        B_MULTICAST = $b_mc                     # tma-cluster-layout: B multicast along the cluster's M extent
+        A_SMEM_ATOM = $a_atom   # tma-cluster-layout: A box $a_box, $a_sw-byte swizzle
+        B_SMEM_ATOM = $b_atom   # tma-cluster-layout: B box $b_box, $b_sw-byte swizzle
+        C_SMEM_ATOM = $c_atom   # tma-cluster-layout: C store box $c_box, $c_sw-byte swizzle
+        AB_STAGES = $stages                     # pipeline-staging: A/B ring depth (full/empty mbarriers)
+        EPI_STAGES = $epi_stages                # pipeline-staging: epilogue smem buffers
+        EPI_TILE = ($em, $en)                   # pipeline-staging: epilogue sub-tile
+        PRODUCER_WG = $prod_wg                  # assign-warpgroup-roles: producer warpgroup
+        PRODUCER_REGS = $prod_regs              # assign-warpgroup-roles: producer setmaxnreg budget
+        CONSUMER_REGS = $cons_regs              # assign-warpgroup-roles: consumer setmaxnreg budget
+        NUM_CONSUMER_WG = $n_cons               # assign-warpgroup-roles: consumer warpgroups
+        THREADS = $threads                      # threads per CTA
+        PINGPONG = $pingpong                    # mode = "$mode"
+        MMA_INST_MN = ($inst_m, $inst_n)        # MMA instruction shape $inst
+        MMA_ATOM_LAYOUT = $atom_layout          # MMA atoms (warpgroups) over M, N, K
+        RASTER_ALONG_M = $raster_m              # tile scheduler: raster = "$raster"
+        SWIZZLE = $swizzle                      # tile scheduler: swizzle group size
+        SPLIT_K = $split_k                      # tile scheduler: split-K factor ($sk_mode)
+        MAX_ACTIVE_CLUSTERS = $max_clusters     # persistent grid: SMs / CTAs per cluster
+        SMEM_BYTES = $smem_bytes                # pipeline-staging: shared memory budget
+    ''', a_dtype=dsl_type(p.a_dtype), b_dtype=dsl_type(p.b_dtype), acc_dtype=dsl_type(p.acc_dtype),
+        store_dtype=dsl_type(store_dtype),
+        a_major="K" if p.a_major == "k" else "MN", a_major_s=p.a_major,
+        b_major="K" if p.b_major == "k" else "MN", b_major_s=p.b_major,
+        bm=bm, bn=bn, bk=bk, cm=cm, cn=cn, a_mc=ca.multicast, b_mc=cb.multicast,
+        a_atom=_smem_atom(p.a_major == "k", ca.swizzle_bytes), a_box=ca.box, a_sw=ca.swizzle_bytes,
+        b_atom=_smem_atom(p.b_major == "k", cb.swizzle_bytes), b_box=cb.box, b_sw=cb.swizzle_bytes,
+        c_atom=_smem_atom(store_major_is_k, cc.swizzle_bytes), c_box=cc.box, c_sw=cc.swizzle_bytes,
+        stages=plan.pipeline.stages, epi_stages=plan.pipeline.epi_stages,
+        em=plan.pipeline.epi_tile[0], en=plan.pipeline.epi_tile[1],
+        prod_wg=prod.index, prod_regs=prod.regs, cons_regs=cons[0].regs, n_cons=len(cons),
+        threads=plan.threads, pingpong=pingpong, mode=plan.mode,
+        inst_m=plan.mma.inst_shape[0], inst_n=plan.mma.inst_shape[1], inst=plan.mma.inst_shape,
+        atom_layout=tuple(plan.mma.atom_layout), raster_m=plan.scheduler.raster == "m", raster=plan.scheduler.raster,
+        swizzle=plan.scheduler.swizzle, split_k=sk, sk_mode=plan.scheduler.split_k_mode,
+        max_clusters=_max_clusters(plan), smem_bytes=plan.pipeline.smem_bytes)
+
+    if sk > 1:
+        facts += "\n\n\n" + _block('''
+            def k_tiles_of(l_raw, k_tile_total, num_l):
+                """k-tiles of the work unit with L coordinate l_raw = split * L + batch (the last split may be short)."""
+                k_per_split = (k_tile_total + SPLIT_K - 1) // SPLIT_K
+                return cutlass.max(cutlass.min(k_per_split, k_tile_total - (l_raw // num_l) * k_per_split), 0)
+        ''')
+    else:
+        facts += "\n\n\n" + _block('''
+            def k_tiles_of(l_raw, k_tile_total, num_l):
+                """k-tiles of a work unit: all of K (no split-K)."""
+                return k_tile_total
+        ''')
+
+    header = _block('''
+        """gemmc SM90 kernel `$name` (generated from its KernelPlan; regenerate rather than edit).
+
+        Persistent, warp-specialized: warpgroup $prod_wg loads A/B with TMA into a $stages-stage smem ring,
+        warpgroups 1-2 run WGMMA ($mode), the epilogue stores through smem with TMA.
+        """
+        import cutlass
+        import cutlass.cute as cute
+        import cutlass.pipeline as pipeline
+        import cutlass.utils as utils
+        import cutlass.utils.hopper_helpers as sm90_utils
+        from cutlass.cute.nvgpu import cpasync, warpgroup
+    ''', name=p.name, prod_wg=prod.index, stages=plan.pipeline.stages, mode=plan.mode)
+
+    # ---- host function --------------------------------------------------------------------------
+    host_params = ", ".join(
+        [f"{q.name}: cutlass.Float32" if q.kind == "scalar" else f"{q.name}: cute.Tensor" for q in params]
+        + ["stream"])
+
+    def view(name: str, order2: str, order3: str) -> str:
+        if batched:
+            return f"cute.make_tensor({name}.iterator, cute.select({name}.layout, mode={order3}))"
+        if order2 == "[0, 1]":
+            return f"cute.make_tensor({name}.iterator, cute.append({name}.layout, cute.make_layout(1, stride=0)))"
+        return (f"cute.make_tensor({name}.iterator, cute.append(cute.select({name}.layout, mode={order2}), "
+                f"cute.make_layout(1, stride=0)))")
+
+    a_view = view("a", "[0, 1]", "[1, 2, 0]") if p.a_major == "k" else view("a", "[1, 0]", "[2, 1, 0]")
+    b_view = view("b", "[0, 1]", "[1, 2, 0]") if p.b_major == "k" else view("b", "[1, 0]", "[2, 1, 0]")
+    out_view = view("out", "[0, 1]", "[1, 2, 0]")
+    # the workspace arrives flat (workspace_elems f32); view it as (M, N, SPLIT_K * L), split-major in L
+    ws_view = ("cute.make_tensor(workspace.iterator, cute.make_layout("
+               "(cute.size(out_mnl, mode=[0]), cute.size(out_mnl, mode=[1]), SPLIT_K * cute.size(out_mnl, mode=[2])), "
+               "stride=(cute.size(out_mnl, mode=[1]), 1, cute.size(out_mnl, mode=[0]) * cute.size(out_mnl, mode=[1]))))")
+    store_target = "ws_mnl" if sk > 1 else "out_mnl"
+    in_views = input_view_lines(main_inputs, batched)
+    kernel_in_args = input_kernel_args(main_inputs)
+    reduce_lines = []
+    if sk > 1:
+        reduce_lines = (["# split-K fix-up: deterministic in-order sum of the partials + the epilogue"]
+                        + input_view_lines(inputs, batched)
+                        + splitk_reduce_launch_lines(inputs, "ws_mnl", "out_mnl"))
+
+    host = _block('''
+        # ==== host: views, TMA atoms, scheduler params, launch ========================================
+        def _smem_layout(atom_kind, dtype, shape_2d, stages, major_is_k):
+            """Swizzled smem layout of `stages` copies of a 2-D tile (major_is_k: mode 1 contiguous)."""
+            atom = warpgroup.make_smem_layout_atom(atom_kind, dtype)
+            return cute.tile_to_shape(atom, cute.append(shape_2d, stages), order=(0, 1, 2) if major_is_k else (1, 0, 2))
+
+
+        @cute.jit
+        def $entry($host_params):
+            # storage-shape tensors -> (M,K,L) / (N,K,L) / (M,N,L) views
+            a_mkl = $a_view
+            b_nkl = $b_view
+            out_mnl = $out_view
+        $ws_line
+        $in_views
+
+            tiled_mma = cute.make_tiled_mma(
+                cute.make_mma_atom(warpgroup.MmaF16BF16Op(A_DTYPE, ACC_DTYPE, (*MMA_INST_MN, 16),
+                                                          warpgroup.OperandSource.SMEM, A_MAJOR, B_MAJOR)),
+                MMA_ATOM_LAYOUT)
+            a_major_is_k = $a_k
+            b_major_is_k = $b_k
+            a_smem = _smem_layout(A_SMEM_ATOM, A_DTYPE, (TILE_MNK[0], TILE_MNK[2]), AB_STAGES, a_major_is_k)
+            b_smem = _smem_layout(B_SMEM_ATOM, B_DTYPE, (TILE_MNK[1], TILE_MNK[2]), AB_STAGES, b_major_is_k)
+            c_smem = _smem_layout(C_SMEM_ATOM, STORE_DTYPE, EPI_TILE, EPI_STAGES, True)
+
+            # TMA: A multicast to the CTAs of one cluster row (N extent), B to one cluster column (M extent)
+            a_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if A_MULTICAST > 1 else cpasync.CopyBulkTensorTileG2SOp()
+            b_op = cpasync.CopyBulkTensorTileG2SMulticastOp() if B_MULTICAST > 1 else cpasync.CopyBulkTensorTileG2SOp()
+            tma_a, tma_a_mkl = cpasync.make_tiled_tma_atom(
+                a_op, a_mkl, cute.slice_(a_smem, (None, None, 0)), (TILE_MNK[0], TILE_MNK[2]), num_multicast=A_MULTICAST)
+            tma_b, tma_b_nkl = cpasync.make_tiled_tma_atom(
+                b_op, b_nkl, cute.slice_(b_smem, (None, None, 0)), (TILE_MNK[1], TILE_MNK[2]), num_multicast=B_MULTICAST)
+            tma_c, tma_c_mnl = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), $store_target, cute.slice_(c_smem, (None, None, 0)), EPI_TILE)
+
+            # tile scheduler: (M tiles, N tiles, SPLIT_K * L) work units, raster order + swizzle from the plan
+            tiles_mnl = cute.zipped_divide(out_mnl, tiler=(TILE_MNK[0], TILE_MNK[1]))[(0, (None, None, None))].shape
+            sched_params = utils.PersistentTileSchedulerParams(
+                (tiles_mnl[0], tiles_mnl[1], tiles_mnl[2] * SPLIT_K), (*CLUSTER_MN, 1), SWIZZLE, RASTER_ALONG_M)
+            grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, MAX_ACTIVE_CLUSTERS)
+
+            @cute.struct
+            class SharedStorage:
+                ab_barriers: cute.struct.MemRange[cutlass.Int64, AB_STAGES * 2]
+                sA: cute.struct.Align[cute.struct.MemRange[A_DTYPE, cute.cosize(a_smem)], 1024]
+                sB: cute.struct.Align[cute.struct.MemRange[B_DTYPE, cute.cosize(b_smem)], 1024]
+                sC: cute.struct.Align[cute.struct.MemRange[STORE_DTYPE, cute.cosize(c_smem)], 1024]
+
+            gemm_kernel(tma_a, tma_a_mkl, tma_b, tma_b_nkl, tma_c, tma_c_mnl, out_mnl, tiled_mma,
+                        a_smem, b_smem, c_smem, sched_params, SharedStorage$kernel_in_args).launch(
+                grid=grid, block=[THREADS, 1, 1], cluster=(*CLUSTER_MN, 1), min_blocks_per_mp=1, stream=stream)
+        $reduce_lines
+    ''', entry=entry, host_params=host_params, a_view=a_view, b_view=b_view, out_view=out_view,
+        ws_line=("    ws_mnl = " + ws_view) if sk > 1 else "",
+        in_views=_indent(in_views, 4), a_k=p.a_major == "k", b_k=p.b_major == "k", store_target=store_target,
+        kernel_in_args="".join(", " + x for x in kernel_in_args), reduce_lines=_indent(reduce_lines, 4))
+
+    kernel = _kernel_source(plan, main_ops, main_inputs, pingpong, sk)
+    parts = [header, facts, host, kernel]
+    if sk > 1:
+        parts.append(splitk_reduce_source(ops, inputs, sk, p.out_dtype).strip("\n"))
+    source = "\n\n\n".join(parts) + "\n"
+    return EmittedKernel(arch="sm_90a", source=source, entry=entry, params=params, compile_arch="sm_90a")
+
+
+def _max_clusters(plan: KernelPlan) -> int:
+    from ...schedule import ARCH_LIMITS
+    return max(1, ARCH_LIMITS["sm_90a"].num_sms // (plan.cluster[0] * plan.cluster[1]))
+
+
+def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> str:
+    p = plan.problem
+    kparams = "".join(",\n    " + x for x in input_kernel_params(inputs))
+
+    # epilogue DAG on the accumulator registers (f32), per element, with its (m, n, l) coordinate
+    if ops:
+        vals = {i.name: input_value_expr(i, "em", "en", "el") for i in inputs}
+        math_lines, result = epilogue_math_lines(ops, "cutlass.Float32(accumulators[ei])", vals)
+        epi_math = _block('''
+            # epilogue DAG (kernel-IR epilogue ops) on the accumulators in registers, f32
+            tCcC = thr_mma_c.partition_C(cC_mnl[(None, None, tile_m, tile_n, tile_l)])
+            for ei in cutlass.range_constexpr(cute.size(accumulators)):
+                em = cutlass.min(tCcC[ei][0], num_m - 1)   # clamp: out-of-range rows/cols are never stored
+                en = cutlass.min(tCcC[ei][1], num_n - 1)
+                el = tile_l
+            $math
+                accumulators[ei] = $result
+        ''', math=_indent(math_lines, 4), result=result)
+    else:
+        epi_math = "# epilogue DAG: none (plain store + cast)"
+
+    if sk > 1:
+        split_decode = _block('''
+            # split-K: work unit L coordinate = split * L + batch; each split owns a contiguous k-tile range
+            tile_l = tile_l_raw % num_l
+            k_begin = (tile_l_raw // num_l) * k_per_split
+            k_count = k_tiles_of(tile_l_raw, k_tile_total, num_l)
+            store_l = tile_l_raw
+        ''')
+    else:
+        split_decode = _block('''
+            tile_l = tile_l_raw
+            k_begin = 0
+            k_count = k_tile_total
+            store_l = tile_l_raw
+        ''')
+
+    src = _block('''
+        # ==== device kernel ==============================================================================
+        @cute.kernel
+        def gemm_kernel(
+            tma_a: cute.CopyAtom, mA_mkl: cute.Tensor, tma_b: cute.CopyAtom, mB_nkl: cute.Tensor,
+            tma_c: cute.CopyAtom, mC_mnl: cute.Tensor, out_mnl: cute.Tensor, tiled_mma: cute.TiledMma,
+            a_smem: cute.ComposedLayout, b_smem: cute.ComposedLayout, c_smem: cute.ComposedLayout,
+            sched_params: utils.PersistentTileSchedulerParams, SharedStorage: cutlass.Constexpr$kparams,
+        ):
+            tidx, _, _ = cute.arch.thread_idx()
+            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            warp_group_idx = cute.arch.make_warp_uniform(tidx // 128)
+            if warp_idx == 0:
+                cpasync.prefetch_descriptor(tma_a)
+                cpasync.prefetch_descriptor(tma_b)
+                cpasync.prefetch_descriptor(tma_c)
+
+            # cluster position -> multicast masks (A: CTAs sharing this cluster row, B: this column)
+            cta_layout_mnk = cute.make_layout((*CLUSTER_MN, 1))
+            cta_rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            cluster_coord = cta_layout_mnk.get_flat_coord(cta_rank)
+            a_mcast_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=1) if A_MULTICAST > 1 else 0
+            b_mcast_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=0) if B_MULTICAST > 1 else 0
+
+            # shared memory: the A/B ring with its full/empty mbarriers (PipelineTmaAsync), C staging
+            smem = utils.SmemAllocator()
+            storage = smem.allocate(SharedStorage)
+            tma_bytes = cute.size_in_bytes(A_DTYPE, cute.slice_(a_smem, (None, None, 0))) + \\
+                cute.size_in_bytes(B_DTYPE, cute.slice_(b_smem, (None, None, 0)))
+            # each consumer warp releases a stage to every CTA that multicast into it
+            consumers_per_stage = 1 if PINGPONG else NUM_CONSUMER_WG
+            ab_pipeline = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.ab_barriers.data_ptr(),
+                num_stages=AB_STAGES,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+                consumer_group=pipeline.CooperativeGroup(
+                    pipeline.Agent.Thread, (A_MULTICAST + B_MULTICAST - 1) * consumers_per_stage * 4),
+                tx_count=tma_bytes,
+                cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
+                defer_sync=True,
+            )
+            pipeline.pipeline_init_arrive(cluster_shape_mn=CLUSTER_MN, is_relaxed=True)
+
+            sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
+            sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
+            sC = storage.sC.get_tensor(c_smem.outer, swizzle=c_smem.inner)
+
+            # CTA tiles of the global tensors: (bM, bK, m, k, l), (bN, bK, n, k, l), (bM, bN, m, n, l)
+            gA = cute.local_tile(mA_mkl, (TILE_MNK[0], TILE_MNK[2]), (None, None, None))
+            gB = cute.local_tile(mB_nkl, (TILE_MNK[1], TILE_MNK[2]), (None, None, None))
+            gC = cute.local_tile(mC_mnl, (TILE_MNK[0], TILE_MNK[1]), (None, None, None))
+            cC_mnl = cute.local_tile(cute.make_identity_tensor(out_mnl.shape), (TILE_MNK[0], TILE_MNK[1]),
+                                     (None, None, None))
+            num_m = cute.size(out_mnl, mode=[0])
+            num_n = cute.size(out_mnl, mode=[1])
+            num_l = cute.size(out_mnl, mode=[2])
+            k_tile_total = cute.size(gA, mode=[3])
+            k_per_split = (k_tile_total + SPLIT_K - 1) // SPLIT_K
+
+            # TMA partitions; a multicast load writes this CTA's slice into every CTA of the group
+            tAsA, tAgA = cpasync.tma_partition(
+                tma_a, cluster_coord[1], cute.make_layout(CLUSTER_MN[1]),
+                cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+            tBsB, tBgB = cpasync.tma_partition(
+                tma_b, cluster_coord[0], cute.make_layout(CLUSTER_MN[0]),
+                cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+
+            # WGMMA fragments (smem descriptors) for this consumer warpgroup
+            consumer_wg = warp_group_idx - 1
+            mma_wg = 0 if PINGPONG else consumer_wg
+            thr_mma = tiled_mma.get_slice(mma_wg * 128)
+            tCsA = thr_mma.partition_A(sA)
+            tCsB = thr_mma.partition_B(sB)
+            tCrA = tiled_mma.make_fragment_A(tCsA)
+            tCrB = tiled_mma.make_fragment_B(tCsB)
+            tCgC = thr_mma.partition_C(gC)
+            accumulators = cute.make_rmem_tensor(tCgC.shape[:3], ACC_DTYPE)
+            consumer_tidx = tidx % 128 if PINGPONG else tidx - 128
+            thr_mma_c = tiled_mma.get_slice(consumer_tidx)
+
+            pipeline.pipeline_init_wait(cluster_shape_mn=CLUSTER_MN)
+
+            # ---- producer warpgroup (assign-warpgroup-roles: producer, PRODUCER_REGS registers) ----
+            if warp_group_idx == PRODUCER_WG:
+                cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            if warp_idx == PRODUCER_WG * 4:
+                # tile scheduler: same work order as the consumers
+                tile_sched = utils.StaticPersistentTileScheduler.create(
+                    sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
+                work = tile_sched.initial_work_tile_info()
+                load_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, AB_STAGES)
+                while work.is_valid_tile:
+                    tile_m, tile_n, tile_l_raw = work.tile_idx
+        $split_decode_p
+                    tAgA_t = tAgA[(None, tile_m, None, tile_l)]
+                    tBgB_t = tBgB[(None, tile_n, None, tile_l)]
+                    # TMA producer loop: wait for an empty stage, load A and B (multicast), arm its full barrier
+                    for kt in range(k_count):
+                        ab_pipeline.producer_acquire(load_state)
+                        full_barrier = ab_pipeline.producer_get_barrier(load_state)
+                        cute.copy(tma_a, tAgA_t[(None, k_begin + kt)], tAsA[(None, load_state.index)],
+                                  tma_bar_ptr=full_barrier, mcast_mask=a_mcast_mask)
+                        cute.copy(tma_b, tBgB_t[(None, k_begin + kt)], tBsB[(None, load_state.index)],
+                                  tma_bar_ptr=full_barrier, mcast_mask=b_mcast_mask)
+                        ab_pipeline.producer_commit(load_state)
+                        load_state.advance()
+                    tile_sched.advance_to_next_work()
+                    work = tile_sched.get_current_work()
+                ab_pipeline.producer_tail(load_state)
+
+            # ---- consumer warpgroups (assign-warpgroup-roles: consumers, CONSUMER_REGS registers) ----
+            if warp_group_idx != PRODUCER_WG:
+                cute.arch.setmaxregister_increase(CONSUMER_REGS)
+                tile_sched = utils.StaticPersistentTileScheduler.create(
+                    sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
+        $consumer
+    ''', kparams=kparams, split_decode_p=_indent(split_decode.splitlines(), 12),
+        consumer=_consumer_source(plan, epi_math, split_decode, pingpong))
+    return src
+
+
+def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpong: bool) -> str:
+    """Consumer main loop + epilogue. Cooperative: both WGs walk every tile, each owning half the rows.
+    Ping-pong: WG c takes work units c, c+2, ...; ordered named barriers alternate main loops and
+    epilogues between the two WGs, and the stage counter skips the other WG's k-tiles."""
+    body = _block('''
+        # registers -> smem (stmatrix) -> TMA store, EPI_TILE sub-tiles, EPI_STAGES buffers
+        r2s_atom = sm90_utils.get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, STORE_DTYPE, ACC_DTYPE)
+        c_atom_layout = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), STORE_DTYPE)
+        tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom_layout, tiled_mma))
+        thr_r2s = tiled_r2s.get_slice(consumer_tidx)
+        tRS_sC = thr_r2s.partition_D(sC)
+        tRS_acc = tiled_r2s.retile(accumulators)
+        rC_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
+        tRS_rC = cute.make_rmem_tensor(rC_shape, ACC_DTYPE)
+        tRS_rC_out = cute.make_rmem_tensor(rC_shape, STORE_DTYPE)
+        epi_threads = 128 if PINGPONG else 128 * NUM_CONSUMER_WG
+        epi_barrier = pipeline.NamedBarrier(barrier_id=1 + (consumer_wg if PINGPONG else 0), num_threads=epi_threads)
+        store_warp = warp_idx == (warp_group_idx * 4 if PINGPONG else 4)
+        store_pipeline = pipeline.PipelineTmaStore.create(
+            num_stages=EPI_STAGES, producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, epi_threads))
+
+        read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, AB_STAGES)
+        release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, AB_STAGES)
+        # ping-pong: ordered barriers (ids 3/4 main loop, 5/6 epilogue) hand the tensor cores and the
+        # store path back and forth; WG 1 opens both for WG 0 first
+        if cutlass.const_expr(PINGPONG):
+            mma_turn = pipeline.NamedBarrier(barrier_id=3 + consumer_wg, num_threads=256)
+            mma_next = pipeline.NamedBarrier(barrier_id=4 - consumer_wg, num_threads=256)
+            epi_turn = pipeline.NamedBarrier(barrier_id=5 + consumer_wg, num_threads=256)
+            epi_next = pipeline.NamedBarrier(barrier_id=6 - consumer_wg, num_threads=256)
+            if consumer_wg == 1:
+                mma_next.arrive()
+                epi_next.arrive()
+                # work unit 0 belongs to warpgroup 0: skip its stages
+                first = tile_sched.get_current_work()
+                if first.is_valid_tile:
+                    for _ in range(k_tiles_of(first.tile_idx[2], k_tile_total, num_l)):
+                        read_state.advance()
+                        release_state.advance()
+                tile_sched.advance_to_next_work()
+        work = tile_sched.get_current_work()
+        num_tiles_done = 0
+        while work.is_valid_tile:
+            tile_m, tile_n, tile_l_raw = work.tile_idx
+        $split_decode
+            gC_t = gC[(None, None, tile_m, tile_n, store_l)]
+
+            # ---- WGMMA main loop: wait for a full stage, MMA over its k-blocks, release the previous stage
+            if cutlass.const_expr(PINGPONG):
+                mma_turn.arrive_and_wait()
+            accumulators.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            warpgroup.fence()
+            num_k_blocks = cute.size(tCrA, mode=[2])
+            for kt in range(k_count):
+                ab_pipeline.consumer_wait(read_state)
+                for kb in cutlass.range_constexpr(num_k_blocks):
+                    cute.gemm(tiled_mma, accumulators, tCrA[(None, None, kb, read_state.index)],
+                              tCrB[(None, None, kb, read_state.index)], accumulators)
+                warpgroup.commit_group()
+                # keep one WGMMA batch in flight; the stage it read before is now free
+                warpgroup.wait_group(1)
+                if kt > 0:
+                    ab_pipeline.consumer_release(release_state)
+                    release_state.advance()
+                read_state.advance()
+            warpgroup.wait_group(0)
+            if k_count > 0:
+                ab_pipeline.consumer_release(release_state)
+                release_state.advance()
+            if cutlass.const_expr(PINGPONG):
+                mma_next.arrive()
+                # skip the stages of the other warpgroup's next tile
+                tile_sched.advance_to_next_work()
+                other = tile_sched.get_current_work()
+                if other.is_valid_tile:
+                    for _ in range(k_tiles_of(other.tile_idx[2], k_tile_total, num_l)):
+                        read_state.advance()
+                        release_state.advance()
+
+            $epi_math
+
+            # ---- epilogue store: sub-tiles through smem, one warp issues the TMA store
+            if cutlass.const_expr(PINGPONG):
+                epi_turn.arrive_and_wait()
+            gC_epi = cute.zipped_divide(gC_t, EPI_TILE)
+            bSG_sC, bSG_gC = cpasync.tma_partition(
+                tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi)
+            num_epi = cute.size(gC_epi, mode=[1])
+            epi_grid = cute.make_layout(gC_epi.shape[1], stride=(gC_epi.shape[1][1], 1))
+            for ep in cutlass.range_constexpr(num_epi):
+                for v in cutlass.range_constexpr(cute.size(tRS_rC)):
+                    tRS_rC[v] = tRS_acc[ep * cute.size(tRS_rC) + v]
+                tRS_rC_out.store(tRS_rC.load().to(STORE_DTYPE))
+                buf = (num_tiles_done * num_epi + ep) % EPI_STAGES
+                cute.copy(tiled_r2s, tRS_rC_out, tRS_sC[(None, None, None, buf)])
+                cute.arch.fence_proxy("async.shared", space="cta")
+                epi_barrier.arrive_and_wait()
+                if store_warp:
+                    cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_grid.get_hier_coord(ep))])
+                    store_pipeline.producer_commit()
+                    store_pipeline.producer_acquire()
+                epi_barrier.arrive_and_wait()
+            if cutlass.const_expr(PINGPONG):
+                # the other warpgroup reuses the C buffers: drain this tile's TMA stores first
+                if store_warp:
+                    store_pipeline.producer_tail()
+                epi_barrier.arrive_and_wait()
+                epi_next.arrive()
+            num_tiles_done += 1
+            tile_sched.advance_to_next_work()
+            work = tile_sched.get_current_work()
+        store_pipeline.producer_tail()
+    ''', split_decode=_indent(split_decode.splitlines(), 4), epi_math=_indent_tail(epi_math, 4))
+    return _indent(body.splitlines(), 8)
+
+
+def _indent_tail(text: str, n: int) -> str:
+    lines = text.splitlines()
+    return "\n".join([lines[0]] + [" " * n + ln for ln in lines[1:]])
