@@ -1,0 +1,66 @@
+"""assign-warpgroup-roles: gemm.matmul -> kernel.gemm, with who does what and the MMA instruction.
+
+SM90: one producer warpgroup (TMA loads, few registers) and two consumer warpgroups (WGMMA +
+epilogue) that either split each tile by rows (cooperative) or take alternate tiles (pingpong, so
+one's epilogue overlaps the other's MMA). SM80: uniform warps that all load and compute."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, Region
+from xdsl.passes import ModulePass
+from xdsl.rewriter import Rewriter
+
+from ..ir.attrs import ScheduleAttr
+from ..ir.build import find_gemm
+from ..ir.gemm import MatmulOp
+from ..ir.kernel import EpilogueOp, KernelGemmOp, MmaOp, WarpGroupOp
+from ..schedule import (CONSUMER_REGS, PRODUCER_REGS, Schedule, consumer_warpgroups, sm80_warps,
+                        threads_per_cta)
+from ..spec import GemmSpec
+from .common import problem_and_schedule
+
+WGMMA_M = 64
+
+
+def roles(s: Schedule, spec: GemmSpec) -> tuple[str, list, MmaOp]:
+    """(kernel mode, warpgroup facts, mma fact) for schedule `s`."""
+    bm, bn, _ = s.tile
+    if s.arch == "sm_90a":
+        wgs = [WarpGroupOp.make(role="producer", index=0, regs=PRODUCER_REGS, warps=4)]
+        wgs += [WarpGroupOp.make(role="consumer", index=1 + i, regs=CONSUMER_REGS, warps=4)
+                for i in range(consumer_warpgroups(s))]
+        inst_k = 32 if spec.dtype.bits == 8 else 16
+        # cooperative: the consumers stack along M, each owning bm/2 rows; pingpong: each owns a whole tile
+        atoms = (consumer_warpgroups(s), 1, 1) if s.mode == "cooperative" else (1, 1, 1)
+        mma = MmaOp.make(kind="wgmma", inst=(WGMMA_M, bn, inst_k), atoms=atoms, a_source="smem")
+        return s.mode, wgs, mma
+    warps = sm80_warps(s)
+    wgs = [WarpGroupOp.make(role="uniform", index=i, regs=0, warps=min(4, warps - 4 * i))
+           for i in range((warps + 3) // 4)]
+    atoms = (2, 2, 1) if warps == 4 else ((4, 2, 1) if bm >= bn else (2, 4, 1))
+    return "multistage", wgs, MmaOp.make(kind="mma.sync", inst=(16, 8, 16), atoms=atoms, a_source="smem")
+
+
+@dataclass(frozen=True)
+class AssignWarpgroupRoles(ModulePass):
+    name = "assign-warpgroup-roles"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        gemm = find_gemm(op)
+        spec, s = problem_and_schedule(gemm, self.name)
+        mode, wgs, mma = roles(s, spec)
+        if isinstance(gemm, MatmulOp):
+            body = Block()
+            body.add_op(EpilogueOp(gemm.detach_region(gemm.epilogue)))
+            kernel = KernelGemmOp(gemm.kernel_name.data, gemm.a, gemm.b, list(gemm.inputs), gemm.out.type,
+                                  gemm.acc_dtype.data, s.arch, s.tile, mode, threads_per_cta(s),
+                                  ScheduleAttr.from_schedule(s), Region(body))
+            Rewriter.replace_op(gemm, kernel)
+        else:
+            kernel = gemm
+            kernel.drop_facts(WarpGroupOp, MmaOp)
+        for fact in [*wgs, mma]:
+            kernel.add_fact(fact)

@@ -1,0 +1,42 @@
+"""pipeline-staging: the A/B ring depth and its barriers, the epilogue staging, and the tile scheduler.
+
+Stages come from gemmc.schedule.resolve_stages ("auto": as many as fit after the epilogue's share
+of shared memory); the byte count from gemmc.schedule.smem_bytes. Nothing is recomputed here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.passes import ModulePass
+
+from ..ir.kernel import PipelineOp, TileSchedulerOp
+from ..schedule import EPI_STAGES, Schedule, epilogue_tile, resolve_stages, smem_bytes
+from ..spec import GemmSpec
+from .common import kernel_op, problem_and_schedule
+
+
+def pipeline(s: Schedule, spec: GemmSpec) -> PipelineOp:
+    if s.arch == "sm_90a":   # TMA arrives on `full`; consumers release a slot on `empty`
+        barriers, epi_stages, epi = ("full", "empty"), EPI_STAGES, epilogue_tile(s)
+    else:                    # cp.async commit groups, waited on `stages - 2` deep; no smem C staging
+        barriers, epi_stages, epi = ("cp.async.group",), 0, s.tile[:2]
+    return PipelineOp.make(stages=resolve_stages(s, spec), barriers=barriers, epi_stages=epi_stages,
+                           epi_tile=epi, smem_bytes=smem_bytes(s, spec))
+
+
+def tile_scheduler(s: Schedule) -> TileSchedulerOp:
+    return TileSchedulerOp.make(persistent=s.arch == "sm_90a", raster=s.raster, swizzle=s.swizzle,
+                                split_k=s.split_k, split_k_mode="serial" if s.split_k > 1 else "none")
+
+
+@dataclass(frozen=True)
+class PipelineStaging(ModulePass):
+    name = "pipeline-staging"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        kernel = kernel_op(op, self.name)
+        spec, s = problem_and_schedule(kernel, self.name)
+        kernel.drop_facts(PipelineOp, TileSchedulerOp)
+        kernel.add_fact(pipeline(s, spec))
+        kernel.add_fact(tile_scheduler(s))

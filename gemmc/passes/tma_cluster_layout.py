@@ -1,0 +1,87 @@
+"""tma-cluster-layout: how each operand reaches shared memory, and the store path.
+
+SM90: A is shared by the CTAs of one cluster row, so each of the cluster's N-extent CTAs loads a
+1/cluster_n slice and multicasts it (along n); B likewise along m. One TMA box per operand; its
+smem swizzle is the widest of 128/64/32 B that the tile's contiguous extent fills. C goes
+registers -> smem -> TMA store in epilogue sub-tiles.
+SM80: 16-byte cp.async into swizzled smem; the epilogue stores straight from registers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from xdsl.context import Context
+from xdsl.dialects.builtin import ModuleOp, StringAttr
+from xdsl.passes import ModulePass
+
+from ..ir.kernel import ClusterOp, CopyOp
+from ..schedule import Schedule, epilogue_tile
+from ..spec import GemmSpec
+from ..types import DType
+from .common import kernel_op, problem_and_schedule
+
+VECTOR_BYTES = 16
+
+
+def swizzle_bytes(contiguous_elems: int, dtype: DType) -> int:
+    """Widest swizzle (128/64/32 B) whose span the contiguous extent fills; 0 if under 32 B."""
+    nbytes = contiguous_elems * dtype.bytes
+    for width in (128, 64, 32):
+        if nbytes % width == 0:
+            return width
+    return 0
+
+
+def _operand_box(rows: int, cols: int, dtype: DType, swizzle: int) -> tuple[int, int]:
+    # a swizzled TMA box spans at most one swizzle width in its contiguous dim
+    return rows, min(cols, swizzle // dtype.bytes) if swizzle else cols
+
+
+def operand_copies(s: Schedule, spec: GemmSpec) -> list[CopyOp]:
+    bm, bn, bk = s.tile
+    cm, cn = s.cluster
+    copies = []
+    sm90 = s.arch == "sm_90a"
+    for operand, k_major, extent, multicast, along in (("a", spec.a_major == "k", bm, cn, "n"),
+                                                         ("b", spec.b_major == "k", bn, cm, "m")):
+        if sm90:
+            slice_ = extent // multicast
+            rows, cols = (slice_, bk) if k_major else (bk, slice_)
+            sw = swizzle_bytes(cols, spec.dtype)
+            copies.append(CopyOp.make(operand=operand, kind="tma", box=_operand_box(rows, cols, spec.dtype, sw),
+                                      swizzle_bytes=sw, multicast=multicast,
+                                      multicast_along=along if multicast > 1 else ""))
+        else:
+            rows, cols = (extent, bk) if k_major else (bk, extent)
+            copies.append(CopyOp.make(operand=operand, kind="cp_async", box=(rows, cols),
+                                      swizzle_bytes=swizzle_bytes(cols, spec.dtype), vector_bytes=VECTOR_BYTES))
+    em, en = epilogue_tile(s) if sm90 else (bm, bn)
+    if sm90:
+        copies.append(CopyOp.make(operand="c", kind="tma_store", box=(em, en),
+                                  swizzle_bytes=swizzle_bytes(en, spec.out_dtype)))
+    for x in spec.inputs:
+        if x.kind == "full":
+            if sm90:   # loaded per epilogue sub-tile, through the same smem staging as C
+                copies.append(CopyOp.make(operand=x.name, kind="tma", box=(em, en),
+                                          swizzle_bytes=swizzle_bytes(en, x.dtype)))
+            else:
+                copies.append(CopyOp.make(operand=x.name, kind="ldg", box=(bm, bn), swizzle_bytes=0,
+                                          vector_bytes=VECTOR_BYTES))
+        elif x.kind in ("row", "col"):
+            box = (1, bn) if x.kind == "row" else (bm, 1)
+            copies.append(CopyOp.make(operand=x.name, kind="ldg", box=box, swizzle_bytes=0,
+                                      vector_bytes=min(VECTOR_BYTES, max(box) * x.dtype.bytes)))
+    return copies
+
+
+@dataclass(frozen=True)
+class TmaClusterLayout(ModulePass):
+    name = "tma-cluster-layout"
+
+    def apply(self, ctx: Context, op: ModuleOp) -> None:
+        kernel = kernel_op(op, self.name)
+        spec, s = problem_and_schedule(kernel, self.name)
+        kernel.drop_facts(ClusterOp, CopyOp)
+        kernel.add_fact(ClusterOp.make(shape=s.cluster))
+        for copy in operand_copies(s, spec):
+            kernel.add_fact(copy)
+        kernel.epilogue_op.properties["store"] = StringAttr("tma" if s.arch == "sm_90a" else "direct")
