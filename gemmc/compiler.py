@@ -1,0 +1,144 @@
+"""`gemmc.compile`: spec (or traced kernel) + schedule -> IR after each pass -> KernelPlan -> kernel.
+
+    k = gemmc.compile(spec, schedule="auto", arch="sm_90a")
+    k.ir()                          # the gemm-level input IR
+    k.ir(after="pipeline-staging")  # the IR after one pass
+    k.plan                          # the KernelPlan the backend emits from
+    k.source                        # CuTe DSL source (built lazily; needs the backend)
+    k(a, b, ...)                    # builds/loads the .so and runs it (needs a GPU)
+
+The schedule is checked (gemmc.schedule.check_schedule) before anything else runs.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional, Union
+
+from .errors import SpecError
+from .ir import make_context, print_module
+from .ir.build import spec_to_module
+from .ir.extract import plan_from_module
+from .ir.plan import KernelPlan
+from .passes import PIPELINE, pass_pipeline
+from .schedule import Schedule, default_schedule, require_valid
+from .spec import GemmSpec
+from .types import as_arch
+
+SCHEDULE_CHOICES = ("auto", "heuristic")
+EMITS = ("kernel", "ir")
+
+
+def as_spec(spec_or_kernel) -> GemmSpec:
+    """A GemmSpec, or the `.spec` of a traced @gemmc.kernel."""
+    spec = getattr(spec_or_kernel, "spec", spec_or_kernel)
+    if not isinstance(spec, GemmSpec):
+        raise SpecError(f"compile() takes a gemmc.GemmSpec or a @gemmc.kernel function, got "
+                        f"{type(spec_or_kernel).__name__}")
+    return spec
+
+
+def choose_schedule(spec: GemmSpec, schedule: Union[str, Schedule, dict], arch: Optional[str]) -> Schedule:
+    """Resolve `schedule=` to a concrete Schedule for `arch` (not yet checked for validity)."""
+    if isinstance(schedule, dict):
+        schedule = Schedule.from_dict(schedule)
+    if isinstance(schedule, Schedule):
+        # an explicit arch wins over the Schedule's default one
+        return schedule if arch is None or as_arch(arch) == schedule.arch else schedule.with_(arch=as_arch(arch))
+    if schedule not in SCHEDULE_CHOICES:
+        raise SpecError(f"schedule={schedule!r}; use 'auto', 'heuristic' or a gemmc.Schedule(...)")
+    arch = as_arch(arch or "sm_90a")
+    # "auto" will consult the tuning database first, once one exists; today both use the heuristic.
+    try:
+        from . import heuristic
+    except ImportError:
+        heuristic = None
+    if heuristic is not None and hasattr(heuristic, "choose_schedule"):
+        return heuristic.choose_schedule(spec, arch)
+    return default_schedule(arch)
+
+
+def lower(spec: GemmSpec, schedule: Schedule, arch: Optional[str] = None) -> tuple[dict[str, str], KernelPlan]:
+    """Run the pass pipeline. Returns ({pass name: IR text after it}, KernelPlan).
+    Raises ScheduleError if `schedule` is invalid for `spec` (checked before any pass runs)."""
+    if arch is not None and as_arch(arch) != schedule.arch:
+        schedule = schedule.with_(arch=as_arch(arch))
+    require_valid(schedule, spec)
+    module = spec_to_module(spec, schedule)
+    texts: dict[str, str] = {}
+    pass_pipeline(PIPELINE, lambda name, m: texts.__setitem__(name, print_module(m))).apply(make_context(), module)
+    return texts, plan_from_module(module)
+
+
+class CompiledGemm:
+    """The result of `gemmc.compile`: IR after each pass, the KernelPlan, and (lazily) the kernel."""
+
+    def __init__(self, spec: GemmSpec, schedule: Schedule, input_ir: str, ir_after: dict[str, str],
+                 plan: KernelPlan, emit: str = "kernel"):
+        self.spec = spec
+        self.schedule = schedule
+        self.arch = schedule.arch
+        self.passes: tuple[str, ...] = tuple(ir_after)
+        self.plan = plan
+        self.emit = emit
+        self._input_ir = input_ir
+        self._ir_after = ir_after
+
+    def __repr__(self) -> str:
+        return f"<gemmc.CompiledGemm {self.spec.name} {self.arch} {self.schedule.short()}>"
+
+    def ir(self, after: Optional[str] = None) -> str:
+        """IR text: the gemm-level input (after=None) or the module after pass `after`."""
+        if after is None:
+            return self._input_ir
+        if after not in self._ir_after:
+            raise ValueError(f"no pass named {after!r}; passes: {', '.join(self.passes)}")
+        return self._ir_after[after]
+
+    # -- the kernel: everything below needs the backend and is built on first use --
+    def _need_kernel(self, what: str) -> None:
+        if self.emit != "kernel":
+            raise SpecError(f"{what} needs a kernel, but this was compiled with emit={self.emit!r}; "
+                            "use gemmc.compile(..., emit='kernel')")
+
+    @functools.cached_property
+    def emitted(self):
+        self._need_kernel("source")
+        from .backends import emit
+        return emit(self.plan)
+
+    @property
+    def source(self) -> str:
+        return self.emitted.source
+
+    @functools.cached_property
+    def artifact(self):
+        """The built .so (+ PTX) in the kernel cache, keyed by the final kernel IR."""
+        from .build import build
+        return build(self.emitted, material=self._ir_after[self.passes[-1]])
+
+    @property
+    def ptx(self) -> Optional[str]:
+        return self.artifact.ptx
+
+    @functools.cached_property
+    def launcher(self):
+        self._need_kernel("calling the kernel")
+        from .runtime import launcher_from_artifact
+        return launcher_from_artifact(self.artifact)
+
+    def __call__(self, *args, **kwargs):
+        return self.launcher(*args, **kwargs)
+
+
+def compile(spec_or_kernel, schedule: Union[str, Schedule, dict] = "auto", arch: Optional[str] = None,
+            emit: str = "kernel") -> CompiledGemm:
+    """Compile a GEMM. `schedule`: "auto" | "heuristic" | a gemmc.Schedule; `arch`: "sm_90a" | "sm_80"
+    (default: the Schedule's, else sm_90a); `emit="ir"` stops after the passes."""
+    if emit not in EMITS:
+        raise SpecError(f"emit={emit!r}; use one of {EMITS}")
+    spec = as_spec(spec_or_kernel)
+    chosen = choose_schedule(spec, schedule, arch)
+    require_valid(chosen, spec)
+    input_ir = print_module(spec_to_module(spec, chosen))
+    ir_after, plan = lower(spec, chosen)
+    return CompiledGemm(spec, chosen, input_ir, ir_after, plan, emit)
