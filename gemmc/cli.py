@@ -1,0 +1,189 @@
+"""The `gemmc` command.
+
+    gemmc compile --m 4096 --n 4096 --k 4096 --dtype bf16 --arch sm_90a [--tile 128x128x64 --cluster 2x1
+                  --mode pingpong ...] [--print-ir-after-all | --print-ir-after PASS] [--emit ir|source]
+    gemmc opt FILE.mlir -p assign-warpgroup-roles,tma-cluster-layout,pipeline-staging,verify-resources
+
+Other subcommands register themselves in SUBCOMMANDS: name -> module path; the module defines
+`register(subparsers)`, which adds its parser and sets `func=<callable(args) -> exit code>`.
+A module that fails to import is left out of the command (its error is shown with --debug).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional, Sequence
+
+from xdsl.xdsl_opt_main import xDSLOptMain
+
+from .errors import GemmcError
+
+SUBCOMMANDS: dict[str, str] = {
+    "build": "gemmc.build_cli",
+    "bench": "gemmc.bench.cli",
+}
+
+
+def register_subcommand(name: str, module: str) -> None:
+    SUBCOMMANDS[name] = module
+
+
+# ---- gemmc compile ----------------------------------------------------------------------------
+
+def _dim(text: str):
+    return int(text) if text.isdigit() else text
+
+
+def _shape(n: int):
+    def parse(text: str) -> tuple[int, ...]:
+        parts = text.lower().replace(",", "x").split("x")
+        if len(parts) != n or not all(p.isdigit() for p in parts):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {n} sizes like {'x'.join(['128'] * n)}")
+        return tuple(int(p) for p in parts)
+    return parse
+
+
+def _stages(text: str):
+    return text if text == "auto" else int(text)
+
+
+SCHEDULE_FLAGS = ("tile", "cluster", "stages", "mode", "raster", "swizzle", "split_k")
+
+
+def add_compile_parser(sub) -> None:
+    p = sub.add_parser("compile", help="compile a GEMM and print its IR (or kernel source)",
+                       description="Compile a GEMM; print the IR after the passes you name.")
+    prob = p.add_argument_group("problem")
+    prob.add_argument("--m", type=_dim, default="M", help="int, or a name for a symbolic dim (default M)")
+    prob.add_argument("--n", type=_dim, default="N")
+    prob.add_argument("--k", type=_dim, default="K")
+    prob.add_argument("--batch", type=_dim, default=None, help="leading batch dim L (int or name)")
+    prob.add_argument("--dtype", default="bf16", help="A/B element type: bf16 | f16")
+    prob.add_argument("--out-dtype", default=None, help="output type (default: --dtype)")
+    prob.add_argument("--acc-dtype", default="f32")
+    prob.add_argument("--a-layout", default="mk", choices=("mk", "km"))
+    prob.add_argument("--b-layout", default="nk", choices=("nk", "kn"))
+    prob.add_argument("--name", default="gemm")
+    sch = p.add_argument_group("schedule (any of these gives an explicit schedule; the rest default)")
+    sch.add_argument("--arch", default="sm_90a", help="sm_90a | sm_80")
+    sch.add_argument("--schedule", default="auto", choices=("auto", "heuristic"),
+                     help="how to choose the schedule when no knob below is given")
+    sch.add_argument("--tile", type=_shape(3), help="MxNxK, e.g. 128x128x64")
+    sch.add_argument("--cluster", type=_shape(2), help="MxN CTAs, e.g. 2x1")
+    sch.add_argument("--stages", type=_stages, help="int or auto")
+    sch.add_argument("--mode", choices=("cooperative", "pingpong"))
+    sch.add_argument("--raster", choices=("m", "n"))
+    sch.add_argument("--swizzle", type=int)
+    sch.add_argument("--split-k", type=int)
+    out = p.add_argument_group("output")
+    out.add_argument("--print-ir-after-all", action="store_true", help="the input IR, then the IR after each pass")
+    out.add_argument("--print-ir-after", action="append", default=[], metavar="PASS",
+                     help="the IR after PASS (repeatable); 'input' for the gemm-level IR")
+    out.add_argument("--emit", choices=("ir", "source"), default="ir",
+                     help="ir: the final kernel IR; source: the CuTe DSL source of the kernel")
+    p.set_defaults(func=run_compile)
+
+
+def _banner(what: str) -> str:
+    return f"// -----// IR {what} //----- //"
+
+
+def run_compile(args) -> int:
+    from .compiler import compile
+    from .schedule import default_schedule
+    from .spec import GemmSpec
+
+    spec = GemmSpec(m=args.m, n=args.n, k=args.k, batch=args.batch, dtype=args.dtype, out_dtype=args.out_dtype,
+                    acc_dtype=args.acc_dtype, a_layout=args.a_layout, b_layout=args.b_layout, name=args.name)
+    knobs = {f: getattr(args, f) for f in SCHEDULE_FLAGS if getattr(args, f) is not None}
+    schedule = default_schedule(args.arch).with_(**knobs) if knobs else args.schedule
+    k = compile(spec, schedule=schedule, arch=args.arch, emit="kernel" if args.emit == "source" else "ir")
+    print(f"// schedule: {k.schedule.short()} ({k.arch})")
+    wanted = list(args.print_ir_after)
+    for name in wanted:
+        if name != "input" and name not in k.passes:
+            raise GemmcError(f"--print-ir-after {name}: no such pass; passes: input, {', '.join(k.passes)}")
+    if args.print_ir_after_all:
+        wanted = ["input", *k.passes]
+    for name in wanted:
+        print(_banner("input (gemm level)" if name == "input" else f"after {name}"))
+        print(k.ir(None if name == "input" else name))
+    if args.emit == "source":
+        print(k.source)
+    elif not wanted:
+        print(k.ir(k.passes[-1]))
+    return 0
+
+
+# ---- gemmc opt --------------------------------------------------------------------------------
+
+class GemmcOptMain(xDSLOptMain):
+    """xdsl-opt with gemmc's dialects and passes registered."""
+
+    def register_all_dialects(self):
+        super().register_all_dialects()
+        from .ir import DIALECTS
+        for d in DIALECTS:
+            if d.name not in self.ctx.registered_dialect_names:
+                self.ctx.register_dialect(d.name, lambda d=d: d)
+
+    def register_all_passes(self):
+        from .passes import PASSES
+        for name, cls in PASSES.items():
+            self.register_pass(name, lambda cls=cls: cls)
+
+
+def add_opt_parser(sub) -> None:
+    p = sub.add_parser("opt", help="run gemmc passes over an IR file (xdsl-opt)", add_help=False,
+                       description="Arguments are those of xdsl-opt: FILE -p PASS,PASS ... (gemmc opt -h)")
+    p.add_argument("opt_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=run_opt)
+
+
+def run_opt(args) -> int:
+    GemmcOptMain(description="gemmc opt: run gemmc passes over IR", args=args.opt_args).run()
+    return 0
+
+
+# ---- main -------------------------------------------------------------------------------------
+
+def make_parser(debug_errors: Optional[list] = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gemmc", description="gemmc: a GEMM kernel compiler for NVIDIA GPUs")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_compile_parser(sub)
+    add_opt_parser(sub)
+    for name, module in SUBCOMMANDS.items():
+        try:
+            importlib.import_module(module).register(sub)
+        except Exception as e:   # a subcommand still being written must not break the others
+            if debug_errors is not None:
+                debug_errors.append(f"gemmc {name}: not available ({type(e).__name__}: {e})")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    skipped: list[str] = []
+    args = make_parser(skipped).parse_args(argv)
+    if args.debug:
+        for line in skipped:
+            print(line, file=sys.stderr)
+    try:
+        return args.func(args)
+    except GemmcError as e:
+        if args.debug:
+            raise
+        print(f"gemmc {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        from xdsl.utils.exceptions import DiagnosticException, ParseError, VerifyException
+        if args.debug or not isinstance(e, (DiagnosticException, ParseError, VerifyException)):
+            raise
+        print(f"gemmc {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
