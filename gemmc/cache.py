@@ -58,7 +58,7 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path("~/.cache/gemmc").expanduser()
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -75,6 +75,7 @@ class Artifact:
     ptx_path: Optional[str]
     source_path: Optional[str]
     meta: dict = field(default_factory=dict, compare=False, hash=False)
+    so_sha256: Optional[str] = None     # checked again right before the .so is loaded
 
     @property
     def directory(self) -> str:
@@ -116,7 +117,7 @@ class KernelCache:
             files = manifest["files"]
             for name, rec in files.items():
                 p = d / name
-                if p.stat().st_size != rec["size"] or _sha256_file(p) != rec["sha256"]:
+                if p.stat().st_size != rec["size"] or sha256_file(p) != rec["sha256"]:
                     return None
             if "kernel.so" not in files:
                 return None
@@ -128,6 +129,7 @@ class KernelCache:
             ptx_path=str(d / "kernel.ptx") if "kernel.ptx" in files else None,
             source_path=str(d / "kernel.py") if "kernel.py" in files else None,
             meta=manifest.get("meta", {}),
+            so_sha256=files["kernel.so"]["sha256"],
         )
 
     def lookup(self, key: str) -> Optional[Artifact]:
@@ -157,7 +159,7 @@ class KernelCache:
         files = {}
         for p in sorted(staging.iterdir()):
             if p.is_file() and p.name != MANIFEST:
-                files[p.name] = {"sha256": _sha256_file(p), "size": p.stat().st_size}
+                files[p.name] = {"sha256": sha256_file(p), "size": p.stat().st_size}
         if "kernel.so" not in files:
             raise RuntimeError(f"cache entry {key} has no kernel.so; the builder must write one")
         manifest = {"key": key, "files": files, "meta": meta}

@@ -1,0 +1,92 @@
+"""`CompiledKernel`: the user-facing callable that `gemmc.compile(...)` returns.
+
+    k.source      the emitted CuTe DSL source (readable Python)
+    k.ptx         the PTX (builds the kernel if it is not cached yet)
+    k.build()     build into the cache (works without a GPU) -> Artifact
+    k(a, b, ...)  validate, allocate the output, launch on torch's current stream -> output tensor
+
+Loading a cached kernel never imports `cutlass`; only a cache miss (or a corrupt entry) compiles.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .backends import EmittedKernel
+from .cache import Artifact, KernelCache, default_cache
+
+
+class CompiledKernel:
+    def __init__(self, emitted: EmittedKernel, *, material: Optional[str] = None,
+                 cache: Optional[KernelCache] = None, plan=None, spec=None, schedule=None):
+        """`material` is the key's identity (e.g. the lowered IR text); default: the emitted source.
+        `plan`, `spec`, `schedule` are kept for inspection only."""
+        self.emitted = emitted
+        self.material = material
+        self.plan = plan
+        self.spec = spec
+        self.schedule = schedule
+        self._cache = cache
+        self._artifact: Optional[Artifact] = None
+        self._launcher = None
+
+    # -- inspection --
+    @property
+    def source(self) -> str:
+        return self.emitted.source
+
+    @property
+    def arch(self) -> str:
+        return self.emitted.arch
+
+    @property
+    def params(self):
+        return self.emitted.params
+
+    @property
+    def cache(self) -> KernelCache:
+        return self._cache if self._cache is not None else default_cache()
+
+    @property
+    def key(self) -> str:
+        from .build import emitted_key
+        return emitted_key(self.emitted, self.material)
+
+    # -- build --
+    def build(self) -> Artifact:
+        """The cached artifact (.so + .ptx), compiling on a miss."""
+        if self._artifact is None:
+            from .build import build
+            self._artifact = build(self.emitted, self.cache, material=self.material)
+        return self._artifact
+
+    @property
+    def ptx(self) -> str:
+        return self.build().ptx
+
+    @property
+    def so_path(self) -> str:
+        return self.build().so_path
+
+    # -- run --
+    def _rebuild_after_load_error(self, error: Exception):
+        """The cached .so would not load (corrupt beyond what the hashes catch): rebuild it once."""
+        from .runtime import load_function
+        self.cache.invalidate(self.build().key)
+        self._artifact = None
+        art = self.build()
+        return load_function(art.so_path, art.meta["function"], art.meta.get("runtime_flavor", ""),
+                             art.so_sha256)
+
+    @property
+    def launcher(self):
+        if self._launcher is None:
+            from .runtime import launcher_from_artifact
+            self._launcher = launcher_from_artifact(self.build(), on_load_error=self._rebuild_after_load_error)
+        return self._launcher
+
+    def __call__(self, *args, out=None, **named):
+        return self.launcher(*args, out=out, **named)
+
+    def __repr__(self) -> str:
+        names = ", ".join(p.name for p in self.emitted.params)
+        return f"<gemmc.CompiledKernel {self.emitted.entry}({names}) arch={self.emitted.arch}>"

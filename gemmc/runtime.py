@@ -1,0 +1,398 @@
+"""Load built kernels and launch them on torch tensors.
+
+`Launcher(params, ...)` validates arguments against the kernel's params before anything launches
+(device, dtype, rank, static dims, named dims agreeing across tensors, stride-1 contiguous dim,
+16-byte aligned strides and data pointers), allocates the output and the split-K workspace, and calls
+the TVM-FFI function. The stream is not an argument: the kernels are compiled with
+`make_fake_stream(use_tvm_ffi_env_stream=True)`, and TVM-FFI sets its env stream from torch's current
+stream for the tensors' device on every call (the DLPack exchange API's `current_work_stream`), so a
+launch follows `torch.cuda.stream(...)` and CUDA graph capture.
+
+This module must not import `cutlass`: it runs on GPU hosts that only have the runtime libraries.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import threading
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from .backends import Param
+from .errors import LaunchError
+from .types import DType
+
+_ALIGN_BYTES = 16
+
+
+# -- loading .so files ------------------------------------------------------------------------------
+
+_PRELOADED: dict[str, ctypes.CDLL] = {}
+_FUNCTIONS: dict[tuple[str, str], Callable] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def find_cute_runtime_library(flavor: str = "") -> str:
+    """Path of libcute_dsl_runtime.so, without importing cutlass.
+
+    Order: $GEMMC_CUTE_RUNTIME_LIB, then $CUTE_DSL_LIBS, then the installed nvidia_cutlass_dsl package
+    (the `flavor` the kernel was linked with first, e.g. "cu13", then the others).
+    """
+    explicit = os.environ.get("GEMMC_CUTE_RUNTIME_LIB")
+    if explicit:
+        return explicit
+    for entry in os.environ.get("CUTE_DSL_LIBS", "").split(os.pathsep):
+        if entry.endswith("libcute_dsl_runtime.so") and os.path.exists(entry):
+            return entry
+    spec = importlib.util.find_spec("nvidia_cutlass_dsl")
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    flavors = [f for f in (flavor, "cu13", "cu12") if f]
+    for root in roots:
+        for f in flavors:
+            cand = Path(root) / f / "lib" / "libcute_dsl_runtime.so"
+            if cand.exists():
+                return str(cand)
+    raise LaunchError("libcute_dsl_runtime.so not found: install nvidia-cutlass-dsl-libs (the runtime part of "
+                      "nvidia-cutlass-dsl) or set GEMMC_CUTE_RUNTIME_LIB to its path")
+
+
+def load_function(so_path: str, function_name: str, flavor: str = "",
+                  sha256: Optional[str] = None) -> Callable:
+    """The TVM-FFI function `function_name` of a kernel .so; loaded once per process.
+    With `sha256`, the file is checked first: a corrupt .so is never loaded."""
+    key = (so_path, function_name)
+    fn = _FUNCTIONS.get(key)
+    if fn is not None:
+        return fn
+    with _LOAD_LOCK:
+        fn = _FUNCTIONS.get(key)
+        if fn is not None:
+            return fn
+        if sha256 is not None:
+            from .cache import sha256_file
+            if sha256_file(so_path) != sha256:
+                raise LaunchError(f"{so_path} does not match its cache manifest (corrupt or modified); "
+                                  "delete its cache entry to rebuild it")
+        lib = find_cute_runtime_library(flavor)
+        if lib not in _PRELOADED:
+            # The .so names libcute_dsl_runtime.so as a dependency with no path; loading it globally
+            # first lets the dynamic loader resolve it wherever the package is installed.
+            _PRELOADED[lib] = ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+        import tvm_ffi
+        module = tvm_ffi.load_module(so_path)
+        fn = module[function_name]
+        _FUNCTIONS[key] = fn
+        return fn
+
+
+# -- params <-> JSON (artifact meta) ----------------------------------------------------------------
+
+def param_from_dict(d: dict) -> Param:
+    return Param(name=d["name"], kind=d["kind"], dtype=DType(d["dtype"]),
+                 shape=tuple(d.get("shape", ())), contiguous=d.get("contiguous", -1),
+                 role=d.get("role", ""), workspace_elems=d.get("workspace_elems"))
+
+
+# -- validation plan (precomputed once per kernel) ---------------------------------------------------
+
+class _TensorCheck:
+    """Everything needed to check one tensor argument, computed once."""
+    __slots__ = ("name", "index", "torch_dtype", "dtype", "rank", "contig", "static", "named",
+                 "align_elems", "shape_text", "sym_dims")
+
+    def __init__(self, p: Param, index: int):
+        import torch
+        self.name = p.name
+        self.index = index
+        self.dtype = p.dtype
+        self.torch_dtype = {DType.bf16: torch.bfloat16, DType.f16: torch.float16,
+                            DType.f32: torch.float32}.get(p.dtype)
+        if self.torch_dtype is None:
+            raise LaunchError(f"{p.name}: dtype {p.dtype} has no runtime support yet")
+        self.rank = len(p.shape)
+        self.contig = p.contiguous % self.rank if self.rank else 0
+        self.static = tuple((i, int(d)) for i, d in enumerate(p.shape) if not isinstance(d, str))
+        self.named = tuple((i, d) for i, d in enumerate(p.shape) if isinstance(d, str))
+        self.sym_dims = tuple(i for i, _ in self.named)
+        self.align_elems = max(1, _ALIGN_BYTES // p.dtype.bytes)
+        self.shape_text = "(" + ", ".join(str(d) for d in p.shape) + ")"
+
+
+def _dtype_name(torch_dtype) -> str:
+    return str(torch_dtype).replace("torch.", "")
+
+
+class Launcher:
+    """Call a compiled kernel with torch tensors: `launcher(*inputs, out=None, **named)`.
+
+    Positional arguments fill, in order, the kernel's tensor params other than the output and the
+    scalars; any of them may be passed by name instead. The output is allocated unless `out=` is given.
+    `function` is the TVM-FFI callable; alternatively `so_path` + `function_name` load it lazily.
+    `device_type` is "cuda"; the CPU tests pass "cpu" to exercise the other checks without a GPU.
+    `always_validate` (or GEMMC_VALIDATE=1) runs the Python validator on every call instead of only
+    when the compiled function's prologue rejects the arguments.
+    """
+
+    def __init__(self, params: Sequence[Param], *, function: Optional[Callable] = None,
+                 so_path: Optional[str] = None, function_name: Optional[str] = None,
+                 runtime_flavor: str = "", so_sha256: Optional[str] = None,
+                 name: str = "kernel", device_type: str = "cuda",
+                 on_load_error: Optional[Callable[[Exception], Callable]] = None,
+                 always_validate: Optional[bool] = None):
+        if function is None and so_path is None:
+            raise ValueError("Launcher needs a function or a so_path")
+        self.params = tuple(params)
+        self.name = name
+        self.device_type = device_type
+        self._function = function
+        self._so_path = so_path
+        self._function_name = function_name
+        self._flavor = runtime_flavor
+        self._so_sha256 = so_sha256
+        self._on_load_error = on_load_error
+
+        outs = [i for i, p in enumerate(self.params) if p.kind == "tensor" and p.role == "out"]
+        if len(outs) != 1:
+            raise LaunchError(f"{name}: expected exactly one tensor param with role 'out', found {len(outs)}")
+        self._out_index = outs[0]
+        self._user = tuple(i for i, p in enumerate(self.params)
+                           if (p.kind == "tensor" and i != self._out_index) or p.kind == "scalar")
+        self._by_name = {self.params[i].name: i for i in self._user}
+        self._tensor_checks = tuple(_TensorCheck(p, i) for i, p in enumerate(self.params)
+                                    if p.kind == "tensor" and i != self._out_index)
+        self._out_check = _TensorCheck(self.params[self._out_index], self._out_index)
+        self._scalars = tuple(i for i, p in enumerate(self.params) if p.kind == "scalar")
+        self._workspaces = tuple(
+            (i, compile(p.workspace_elems or "0", f"<{p.name}.workspace_elems>", "eval"))
+            for i, p in enumerate(self.params) if p.kind == "workspace")
+        self._workspace_buffers: dict[Any, Any] = {}
+        self._usage = ", ".join(self.params[i].name for i in self._user)
+        # fast path: where each named dim is read from (user arg position, dim), and a value template
+        self._n_user = len(self._user)
+        self._dim_sources = []
+        seen = set()
+        for j, i in enumerate(self._user):
+            p = self.params[i]
+            if p.kind != "tensor":
+                continue
+            for d, dim in enumerate(p.shape):
+                if isinstance(dim, str) and dim not in seen:
+                    seen.add(dim)
+                    self._dim_sources.append((dim, j, d))
+        self._dim_sources = tuple(self._dim_sources)
+        firsts = [j for j, i in enumerate(self._user) if self.params[i].kind == "tensor"]
+        self._first_tensor = firsts[0] if firsts else 0
+        self._template = [None] * len(self.params)
+        if always_validate is None:
+            always_validate = os.environ.get("GEMMC_VALIDATE", "") not in ("", "0")
+        self.always_validate = always_validate
+
+    # -- the compiled function --
+    @property
+    def function(self) -> Callable:
+        fn = self._function
+        if fn is None:
+            try:
+                fn = load_function(self._so_path, self._function_name, self._flavor, self._so_sha256)
+            except Exception as e:
+                if self._on_load_error is None:
+                    raise
+                fn = self._on_load_error(e)      # e.g. the cache rebuilds a corrupt entry
+            self._function = fn
+        return fn
+
+    # -- argument binding --
+    def _bind(self, args: tuple, named: dict) -> list:
+        values: list = [None] * len(self.params)
+        if len(args) > len(self._user):
+            raise LaunchError(f"{self.name} takes {len(self._user)} arguments ({self._usage}), "
+                              f"got {len(args)} positional")
+        for i, a in zip(self._user, args):
+            values[i] = a
+        for key, a in named.items():
+            i = self._by_name.get(key)
+            if i is None:
+                raise LaunchError(f"{self.name} has no argument {key!r}; its arguments are: {self._usage} "
+                                  "(and out=)")
+            if values[i] is not None:
+                raise LaunchError(f"{self.name}: argument {key!r} given twice (positionally and by name)")
+            values[i] = a
+        for i in self._user:
+            if values[i] is None:
+                raise LaunchError(f"{self.name}: missing argument {self.params[i].name!r}; "
+                                  f"call it as {self.name}({self._usage})")
+        return values
+
+    # -- validation --
+    def _check_tensor(self, c: _TensorCheck, t, sizes: dict, where: dict, device) -> Any:
+        import torch
+        if not isinstance(t, torch.Tensor):
+            raise LaunchError(f"{c.name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != self.device_type:
+            raise LaunchError(f"{c.name} must be on a {self.device_type} device, got {t.device}: "
+                              f"pass {c.name}.to('{self.device_type}')")
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            raise LaunchError(f"{c.name} is on {t.device} but the other arguments are on {device}: "
+                              f"pass {c.name}.to('{device}')")
+        if t.dtype is not c.torch_dtype:
+            raise LaunchError(f"{c.name} must be {c.dtype}, got {t.dtype}: "
+                              f"pass {c.name}.to(torch.{_dtype_name(c.torch_dtype)})")
+        if t.dim() != c.rank:
+            raise LaunchError(f"{c.name} must be {c.rank}-D with shape {c.shape_text}, "
+                              f"got {t.dim()}-D shape {tuple(t.shape)}")
+        shape = t.shape
+        for i, v in c.static:
+            if shape[i] != v:
+                raise LaunchError(f"{c.name}.shape[{i}] must be {v} (the kernel was compiled for a static "
+                                  f"{c.shape_text}), got shape {tuple(shape)}: compile a kernel for this "
+                                  "size or make the dim symbolic")
+        for i, d in c.named:
+            v = shape[i]
+            prev = sizes.get(d)
+            if prev is None:
+                sizes[d] = v
+                where[d] = f"{c.name}.shape[{i}]"
+            elif prev != v:
+                raise LaunchError(f"{c.name}.shape[{i}] gives {d}={v} but {where[d]} gives {d}={prev}: "
+                                  f"the arguments disagree on {d} (expected {c.name} of shape {c.shape_text})")
+        stride = t.stride()
+        if stride[c.contig] != 1 and shape[c.contig] != 1:
+            raise LaunchError(f"{c.name}.stride({c.contig - c.rank}) must be 1 (dim {c.contig} is the "
+                              f"contiguous one), got strides {stride}: pass {c.name}.contiguous()")
+        a = c.align_elems
+        for i in range(c.rank):
+            if i != c.contig and stride[i] % a:
+                raise LaunchError(f"{c.name}.stride({i}) = {stride[i]} is not a multiple of {a} elements "
+                                  f"({_ALIGN_BYTES} bytes), needed for vector/TMA loads: pad dim {c.contig} "
+                                  f"to a multiple of {a} or pass {c.name}.contiguous() "
+                                  f"if it is already a multiple of {a}")
+        if shape[c.contig] % a and c.contig in c.sym_dims:
+            raise LaunchError(f"{c.name}.shape[{c.contig}] = {shape[c.contig]} must be a multiple of {a} "
+                              f"({_ALIGN_BYTES} bytes of {c.dtype}) because it is the contiguous dim: "
+                              "pad it (e.g. torch.nn.functional.pad) and slice the result")
+        if t.data_ptr() % _ALIGN_BYTES:
+            raise LaunchError(f"{c.name}.data_ptr() is not {_ALIGN_BYTES}-byte aligned (a view at an odd "
+                              f"offset?): pass {c.name}.clone()")
+        return device
+
+    def validate(self, *args, out=None, **named):
+        """Bind and check every argument; return (values, sizes, device) or raise LaunchError."""
+        values = self._bind(args, named)
+        sizes: dict[str, int] = {}
+        where: dict[str, str] = {}
+        device = None
+        for c in self._tensor_checks:
+            device = self._check_tensor(c, values[c.index], sizes, where, device)
+        for i in self._scalars:
+            v = values[i]
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise LaunchError(f"{self.params[i].name} must be a Python number (float), "
+                                  f"got {type(v).__name__}: pass float({self.params[i].name})")
+        if out is not None:
+            self._check_tensor(self._out_check, out, sizes, where, device)
+        else:
+            missing = [d for _, d in self._out_check.named if d not in sizes]
+            if missing:
+                raise LaunchError(f"{self.name}: cannot size the output: dims {missing} appear only in "
+                                  f"{self._out_check.name}; pass out=")
+        return values, sizes, device
+
+    # -- allocation --
+    def _allocate_out(self, sizes: dict, device):
+        import torch
+        c = self._out_check
+        p = self.params[self._out_index]
+        shape = [sizes[d] if isinstance(d, str) else int(d) for d in p.shape]
+        if c.contig == c.rank - 1:
+            return torch.empty(shape, dtype=c.torch_dtype, device=device)
+        order = [i for i in range(c.rank) if i != c.contig] + [c.contig]
+        t = torch.empty([shape[i] for i in order], dtype=c.torch_dtype, device=device)
+        return t.permute([order.index(i) for i in range(c.rank)])
+
+    def workspace(self, index: int, elems: int, device):
+        """A zero-initialised scratch tensor of at least `elems` elements, cached per (param, device).
+
+        Kernels must leave the workspace as they found it (flags reset) since it is reused across calls.
+        """
+        import torch
+        key = (index, device)
+        views = self._workspace_buffers.get(key)
+        if views is not None:
+            v = views.get(elems)
+            if v is not None:
+                return v
+            buf = views[None]
+            if buf.numel() >= elems:
+                v = views[elems] = buf[:elems]
+                return v
+        dtype = {DType.f32: torch.float32, DType.f16: torch.float16, DType.bf16: torch.bfloat16}[
+            self.params[index].dtype]
+        buf = torch.zeros(max(elems, 1), dtype=dtype, device=device)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # Memory allocated while capturing belongs to the graph's pool: don't keep it for eager calls.
+            return buf[:elems]
+        self._workspace_buffers[key] = {None: buf, elems: buf[:elems]}
+        return buf[:elems]
+
+    def prepare(self, *args, out=None, **named) -> tuple[list, Any]:
+        """Validated, allocated argument list in kernel order, and the output tensor. Nothing launches."""
+        values, sizes, device = self.validate(*args, out=out, **named)
+        if out is None:
+            out = self._allocate_out(sizes, device)
+        values[self._out_index] = out
+        if self._workspaces:
+            env = {"L": 1, **sizes}
+            for i, code in self._workspaces:
+                try:
+                    elems = int(eval(code, {"__builtins__": {}}, env))
+                except NameError as e:
+                    raise LaunchError(f"{self.name}: workspace size {self.params[i].workspace_elems!r} uses a "
+                                      f"dim that no tensor argument names ({e}); the backend must write "
+                                      "static dims as numbers") from None
+                values[i] = self.workspace(i, elems, device)
+        for i in self._scalars:
+            values[i] = float(values[i])
+        return values, out
+
+    def __call__(self, *args, out=None, **named):
+        """Launch. Fast path: the compiled function's own prologue (TVM-FFI, in C) checks device, dtype,
+        rank, shapes, strides and alignment before it launches, so here we only size the output and the
+        workspace. If the prologue rejects the arguments, the Python validator explains what to change."""
+        if self.always_validate or named or len(args) != self._n_user:
+            return self._call_checked(args, out, named)
+        try:
+            sizes = {name: args[j].shape[d] for name, j, d in self._dim_sources}
+            device = args[self._first_tensor].device
+            values = self._template.copy()
+            for j, i in enumerate(self._user):
+                values[i] = args[j]
+            values[self._out_index] = result = self._allocate_out(sizes, device) if out is None else out
+            for i, code in self._workspaces:
+                values[i] = self.workspace(i, int(eval(code, {"__builtins__": {}}, {"L": 1, **sizes})), device)
+        except Exception:          # malformed arguments: let the validator say what is wrong
+            return self._call_checked(args, out, named)
+        try:
+            self.function(*values)
+        except (ValueError, TypeError) as e:    # raised by the prologue, before any launch
+            return self._call_checked(args, out, named, rejected=e)
+        return result
+
+    def _call_checked(self, args, out, named, rejected: Optional[Exception] = None):
+        values, result = self.prepare(*args, out=out, **named)
+        try:
+            self.function(*values)
+        except (ValueError, TypeError) as e:
+            raise LaunchError(f"{self.name}: the kernel rejected its arguments: {e}") from (rejected or e)
+        return result
+
+
+def launcher_from_artifact(artifact, *, on_load_error=None) -> Launcher:
+    """A Launcher for a cached `Artifact` (needs only its meta, never the compiler)."""
+    meta = artifact.meta
+    return Launcher([param_from_dict(d) for d in meta["params"]], so_path=artifact.so_path,
+                    function_name=meta["function"], runtime_flavor=meta.get("runtime_flavor", ""),
+                    so_sha256=artifact.so_sha256,
+                    name=meta.get("entry", "kernel"), on_load_error=on_load_error)
