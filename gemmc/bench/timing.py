@@ -1,0 +1,322 @@
+"""Measuring gemmc against cuBLAS: input sets, the correctness check, and interleaved timing.
+
+Everything that touches the device is behind two small seams, so CI can drive the same code on
+the CPU with fake kernels and a virtual clock:
+  - a kernel is any callable `fn(a, b, out=None) -> out` computing a @ b.T (gemmc's compiled
+    kernels and `cublas_matmul` below both are);
+  - a `Clock` turns a list of calls into one timed unit (`prepare`: a CUDA graph of them, or an
+    eager loop) and times a unit (`time_ms`: CUDA events around it, synchronized).
+
+The rules (the architecture's "Measuring"): gemmc and cuBLAS side by side in one process,
+interleaved repeat by repeat; CUDA graphs of several launches so launch gaps don't count; input
+sets rotated through at least `l2_factor` x the L2 size; randn inputs; the median of repeats and
+the spread; and every gemmc result checked against an fp32 reference, output NaN-filled first,
+before it is timed.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Callable, Optional, Protocol, Sequence
+
+import torch
+
+from ..schedule import Schedule
+from .stats import summarize, tflops
+from .suites import Shape
+
+DEFAULT_L2_BYTES = 60 * 1024 * 1024   # H100/H200 L2, when the device does not say
+SLOT_ALIGN_ELEMS = 64                 # input-set slots start 128-byte aligned (TMA needs 16)
+
+Kernel = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    repeats: int = 10          # timed units per side, interleaved gemmc/cuBLAS/cuBLAS/gemmc...
+    warmup: int = 1            # untimed units per side before the repeats
+    min_unit_us: float = 1000  # one timed unit (graph) runs at least this long...
+    min_launches: int = 1
+    max_launches: int = 200    # ...with this many launches at most (raised to cover every input set)
+    l2_factor: float = 2.0     # rotate through input sets totalling at least this x L2
+    max_sets: int = 4096
+    host_timing: bool = False  # eager user-style calls (host overhead included), no graphs
+    tolerance: float = 1e-2    # relative Frobenius error against the fp32 reference
+    seed: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---- clocks -----------------------------------------------------------------------------------
+
+class Clock(Protocol):
+    def prepare(self, calls: Sequence[Callable[[], object]]) -> Callable[[], None]: ...
+    def time_ms(self, unit: Callable[[], None]) -> float: ...
+
+
+class CudaClock:
+    """CUDA events on torch's current stream. graphs=True captures the calls into one CUDA graph
+    (launch gaps vanish); graphs=False runs them eagerly, host overhead included."""
+
+    def __init__(self, graphs: bool = True):
+        self.graphs = graphs
+
+    def prepare(self, calls):
+        calls = list(calls)
+        if not self.graphs:
+            def unit():
+                for c in calls:
+                    c()
+            return unit
+        # Warm on a side stream first: libraries allocate workspaces lazily, which capture forbids.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            calls[0]()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for c in calls:
+                c()
+        unit = graph.replay
+        unit.graph = graph  # keep it alive as long as the unit is
+        return unit
+
+    def time_ms(self, unit) -> float:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        unit()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+
+# ---- kernels -------------------------------------------------------------------------------
+
+def cublas_matmul(a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The baseline: torch.matmul (cuBLAS on CUDA) of A [M, K] with B [N, K] transposed."""
+    return torch.matmul(a, b.T, out=out)
+
+
+# ---- input sets ----------------------------------------------------------------------------
+
+@dataclass
+class InputSets:
+    """`n` independent (A, B) pairs and one output per pair and side, in 128B-aligned slots."""
+    a: list
+    b: list
+    out_gemmc: list
+    out_cublas: list
+    set_bytes: int
+
+    @property
+    def n(self) -> int:
+        return len(self.a)
+
+    @property
+    def rotated_bytes(self) -> int:
+        return self.n * self.set_bytes
+
+
+def set_bytes(shape: Shape, elem_bytes: int, out_bytes: Optional[int] = None) -> int:
+    """Bytes one call touches: A, B and its output."""
+    out_bytes = elem_bytes if out_bytes is None else out_bytes
+    return (shape.m * shape.k + shape.n * shape.k) * elem_bytes + shape.m * shape.n * out_bytes
+
+
+def input_set_count(shape: Shape, elem_bytes: int, l2_bytes: int, l2_factor: float = 2.0,
+                    max_sets: int = 4096) -> int:
+    return max(1, min(max_sets, math.ceil(l2_factor * l2_bytes / set_bytes(shape, elem_bytes))))
+
+
+def _slots(n: int, rows: int, cols: int, dtype, device, generator=None, randn: bool = False) -> list:
+    size = rows * cols
+    stride = -(-size // SLOT_ALIGN_ELEMS) * SLOT_ALIGN_ELEMS
+    if randn:
+        buf = torch.randn(n, stride, dtype=dtype, device=device, generator=generator)
+    else:
+        buf = torch.empty(n, stride, dtype=dtype, device=device)
+    return [buf[i, :size].view(rows, cols) for i in range(n)]
+
+
+def make_input_sets(shape: Shape, dtype: torch.dtype, device, n_sets: int, seed: int = 0) -> InputSets:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    m, n, k = shape.m, shape.n, shape.k
+    elem = torch.empty((), dtype=dtype).element_size()
+    return InputSets(
+        a=_slots(n_sets, m, k, dtype, device, gen, randn=True),
+        b=_slots(n_sets, n, k, dtype, device, gen, randn=True),
+        out_gemmc=_slots(n_sets, m, n, dtype, device),
+        out_cublas=_slots(n_sets, m, n, dtype, device),
+        set_bytes=set_bytes(shape, elem),
+    )
+
+
+def l2_bytes_of(device=None) -> int:
+    """The device's L2 size from torch, or 60 MB (H100/H200) when it cannot say."""
+    try:
+        if torch.cuda.is_available():
+            size = int(getattr(torch.cuda.get_device_properties(device or 0), "L2_cache_size", 0))
+            if size > 0:
+                return size
+    except Exception:  # a broken driver must not stop a CPU run
+        pass
+    return DEFAULT_L2_BYTES
+
+
+# ---- correctness -----------------------------------------------------------------------------
+
+def reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """fp32 product of the upcast inputs (TF32 off, so the reference is exact to fp32)."""
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return a.float() @ b.float().T
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def rel_frobenius_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref||_F / ||ref||_F; NaN when out holds NaN (an unwritten element)."""
+    denom = torch.linalg.vector_norm(ref).item()
+    num = torch.linalg.vector_norm(out.float() - ref).item()
+    return num / denom if denom else (0.0 if num == 0 else math.inf)
+
+
+def check_output(fn: Kernel, a, b, out, ref) -> float:
+    """Run `fn` into a NaN-filled `out` and return its error; elements it leaves unwritten count."""
+    out.fill_(float("nan"))
+    fn(a, b, out=out)
+    return rel_frobenius_error(out, ref)
+
+
+# ---- timing ----------------------------------------------------------------------------------
+
+def launch_count(est_us: float, n_sets: int, cfg: TimingConfig) -> int:
+    """Launches per timed unit: enough for `min_unit_us`, within the bounds, and at least one per
+    input set so every unit rotates through all of them."""
+    want = math.ceil(cfg.min_unit_us / max(est_us, 1e-3))
+    return max(n_sets, min(cfg.max_launches, max(cfg.min_launches, want)))
+
+
+def time_interleaved(units: dict, clock: Clock, repeats: int, warmup: int = 1) -> dict:
+    """ms per unit, for each named unit, alternating the order every repeat so neither side
+    always runs first (clock boost, L2 and power state are shared)."""
+    names = list(units)
+    for _ in range(warmup):
+        for name in names:
+            clock.time_ms(units[name])
+    samples = {name: [] for name in names}
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            samples[name].append(clock.time_ms(units[name]))
+    return samples
+
+
+def unit_calls(fn: Kernel, sets: InputSets, outs: list, launches: int, host_timing: bool) -> list:
+    """The calls of one timed unit: launch i uses input set i mod n. Host timing makes the user's
+    call (output allocated by the callee); otherwise output goes to the preallocated slot."""
+    calls = []
+    for i in range(launches):
+        j = i % sets.n
+        if host_timing:
+            calls.append(partial(fn, sets.a[j], sets.b[j]))
+        else:
+            calls.append(partial(fn, sets.a[j], sets.b[j], out=outs[j]))
+    return calls
+
+
+def describe_schedule(kernel) -> tuple[Optional[str], Optional[dict]]:
+    """(short id, dict) of the schedule a compiled kernel runs, when it says."""
+    s = getattr(kernel, "schedule", None)
+    if isinstance(s, Schedule):
+        return s.short(), s.to_dict()
+    return (None if s is None else str(s)), None
+
+
+def bench_shape(shape: Shape, kernel: Kernel, sets: InputSets, clock: Clock, cfg: TimingConfig,
+                cublas: Kernel = cublas_matmul) -> dict:
+    """Check, then time, one shape. Returns the record's measured fields (status, error, samples,
+    summaries, TFLOP/s, ratio). A failed check is reported and not timed."""
+    rec: dict = {"status": "ok", "error": None, "input_sets": sets.n, "rotated_bytes": sets.rotated_bytes}
+    ref = reference(sets.a[0], sets.b[0])
+    rec["rel_err"] = check_output(kernel, sets.a[0], sets.b[0], sets.out_gemmc[0], ref)
+    rec["cublas_rel_err"] = check_output(cublas, sets.a[0], sets.b[0], sets.out_cublas[0], ref)
+    del ref
+    if not rec["rel_err"] < cfg.tolerance:
+        rec["status"] = "check_failed"
+        rec["error"] = (f"relative Frobenius error {rec['rel_err']:.3g} >= {cfg.tolerance:g} against the fp32 "
+                        "reference (NaN: output elements left unwritten)")
+        return rec
+
+    est_us = 1000 * clock.time_ms(clock.prepare([partial(cublas, sets.a[0], sets.b[0], out=sets.out_cublas[0])]))
+    launches = launch_count(est_us, sets.n, cfg)
+    units = {
+        "gemmc": clock.prepare(unit_calls(kernel, sets, sets.out_gemmc, launches, cfg.host_timing)),
+        "cublas": clock.prepare(unit_calls(cublas, sets, sets.out_cublas, launches, cfg.host_timing)),
+    }
+    ms = time_interleaved(units, clock, cfg.repeats, cfg.warmup)
+    rec["launches"] = launches
+    for side in ("gemmc", "cublas"):
+        us = [1000 * t / launches for t in ms[side]]
+        rec[f"{side}_samples_us"] = us
+        rec[f"{side}_us"] = summarize(us).as_dict()
+        rec[f"{side}_tflops"] = tflops(shape.flops, rec[f"{side}_us"]["median"])
+    rec["ratio"] = rec["cublas_us"]["median"] / rec["gemmc_us"]["median"]
+    return rec
+
+
+def compile_gemmc(shape: Shape, policy, dtype: str = "bf16", arch: str = "sm_90a") -> Kernel:
+    """The one way the bench reaches gemmc: its public compile API."""
+    import gemmc
+    spec = gemmc.GemmSpec(m=shape.m, n=shape.n, k=shape.k, dtype=dtype)
+    return gemmc.compile(spec, schedule=policy, arch=arch)
+
+
+def run_bench(shapes: Sequence[Shape], policy, cfg: TimingConfig, *, dtype: str = "bf16", arch: str = "sm_90a",
+              device="cuda", compile_fn: Optional[Callable] = None, cublas: Kernel = cublas_matmul,
+              clock: Optional[Clock] = None, l2_bytes: Optional[int] = None, progress: bool = True) -> list[dict]:
+    """Bench every shape; never raises for one shape's failure (it is recorded instead)."""
+    from tqdm import tqdm
+
+    from ..types import as_dtype, torch_dtype
+
+    tdtype = torch_dtype(as_dtype(dtype))
+    compile_fn = compile_fn or (lambda shape: compile_gemmc(shape, policy, dtype, arch))
+    clock = clock or CudaClock(graphs=not cfg.host_timing)
+    l2 = l2_bytes or l2_bytes_of()
+    elem = torch.empty((), dtype=tdtype).element_size()
+    results = []
+    bar = tqdm(shapes, desc="gemmc bench", unit="shape", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    for shape in bar:
+        bar.set_postfix_str(str(shape))
+        rec = {"shape": str(shape), **shape.as_dict(), "flops": shape.flops, "schedule": None,
+               "schedule_dict": None, "compile_s": None}
+        try:
+            t0 = time.perf_counter()
+            kernel = compile_fn(shape)
+            rec["compile_s"] = time.perf_counter() - t0
+            rec["schedule"], rec["schedule_dict"] = describe_schedule(kernel)
+        except Exception as e:  # recorded per shape; the run goes on
+            rec.update(status="compile_error", error=f"{type(e).__name__}: {e}")
+            results.append(rec)
+            continue
+        sets = None
+        try:
+            n_sets = input_set_count(shape, elem, l2, cfg.l2_factor, cfg.max_sets)
+            sets = make_input_sets(shape, tdtype, device, n_sets, cfg.seed)
+            rec.update(bench_shape(shape, kernel, sets, clock, cfg, cublas))
+        except Exception as e:
+            rec.update(status="run_error", error=f"{type(e).__name__}: {e}")
+        finally:
+            del sets
+            if torch.cuda.is_available() and str(device).startswith("cuda"):
+                torch.cuda.empty_cache()
+        results.append(rec)
+    return results

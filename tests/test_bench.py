@@ -1,0 +1,489 @@
+"""CPU tests of the benchmark harness: suites, shape files, statistics, policy strings, the timing
+loop (fake kernels on a virtual clock), the report/plot, the dataset format and the CLI's errors."""
+import gzip
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gemmc.bench import dataset as ds
+from gemmc.bench import report, stats, suites, timing
+from gemmc.bench.cli import main as bench_main
+from gemmc.bench.policy import PolicyError, parse_policy, parse_schedule, policy_name
+from gemmc.errors import SpecError
+from gemmc.schedule import MODES, RASTERS, SWIZZLES, Schedule
+
+# ---- suites ----------------------------------------------------------------------------------------
+
+
+def test_square_suite_is_powers_of_two_256_to_16384():
+    shapes = suites.get_suite("square")
+    assert [s.m for s in shapes] == [256, 512, 1024, 2048, 4096, 8192, 16384]
+    assert all(s.m == s.n == s.k for s in shapes)
+
+
+def test_llm_suite_is_8_nk_pairs_times_8_m():
+    shapes = suites.get_suite("llm")
+    assert len(shapes) == 64 == len(set(shapes))
+    assert {(s.n, s.k) for s in shapes} == {(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
+                                            (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)}
+    assert sorted({s.m for s in shapes}) == [1, 16, 64, 128, 256, 1024, 4096, 16384]
+    assert suites.Shape(4096, 57344, 8192) in shapes
+
+
+def test_cuda_l2_full_grid_has_1000_shapes():
+    shapes = suites.get_suite("cuda-l2")
+    dims = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288, 16384]
+    assert len(shapes) == 1000 == len(set(shapes))
+    assert {s.m for s in shapes} == {s.n for s in shapes} == {s.k for s in shapes} == set(dims)
+
+
+def test_cuda_l2_sample_is_seeded_and_from_the_grid():
+    a = suites.get_suite("cuda-l2", sample=100, seed=0)
+    b = suites.get_suite("cuda-l2", sample=100, seed=0)
+    c = suites.get_suite("cuda-l2", sample=100, seed=1)
+    grid = set(suites.cuda_l2())
+    assert a == b and a != c
+    assert len(a) == 100 == len(set(a)) and set(a) <= grid
+
+
+def test_unknown_suite_and_bad_sample_are_clear_errors():
+    with pytest.raises(SpecError, match="unknown suite 'big'.*square, llm, cuda-l2"):
+        suites.get_suite("big")
+    with pytest.raises(SpecError, match="positive"):
+        suites.get_suite("cuda-l2", sample=0)
+
+
+def test_shape_flops_and_name():
+    s = suites.Shape(2, 3, 4)
+    assert s.flops == 48.0 and str(s) == "2x3x4"
+    with pytest.raises(SpecError, match="N=0"):
+        suites.Shape(1, 0, 1)
+
+
+# ---- shape files ---------------------------------------------------------------------------------
+
+GOOD = """\
+# my shapes
+M,N,K
+1, 4096, 4096
+  16 6144\t4096   # decode
+ 
+8192;8192;8192
+"""
+
+
+def test_parse_shapes_accepts_comments_csv_header_and_separators(tmp_path):
+    f = tmp_path / "s.csv"
+    f.write_text(GOOD)
+    assert suites.load_shapes(f) == [suites.Shape(1, 4096, 4096), suites.Shape(16, 6144, 4096),
+                                     suites.Shape(8192, 8192, 8192)]
+
+
+@pytest.mark.parametrize("text, line, msg", [
+    ("1 2 3\n4 5\n", 2, "expected 3 numbers"),
+    ("1 2 3 4\n", 1, "got 4 field"),
+    ("# c\n1 2 x\n", 2, "must be integers"),
+    ("1 2 3\n1.5 2 3\n", 2, "must be integers"),
+    ("0 2 3\n", 1, "positive"),
+    ("-1 2 3\n", 1, "positive"),
+])
+def test_parse_shapes_bad_lines_name_the_line(text, line, msg):
+    with pytest.raises(suites.ShapeFileError, match=rf"f\.txt:{line}: .*{msg}"):
+        suites.parse_shapes(text, "f.txt")
+
+
+def test_parse_shapes_empty_and_missing_file(tmp_path):
+    with pytest.raises(suites.ShapeFileError, match="no shapes found"):
+        suites.parse_shapes("# nothing\n\n", "e.txt")
+    with pytest.raises(suites.ShapeFileError, match="cannot read shapes file"):
+        suites.load_shapes(tmp_path / "missing.txt")
+
+
+@given(st.lists(st.tuples(*[st.integers(1, 100000)] * 3), min_size=1, max_size=20),
+       st.sampled_from([" ", ",", "\t", ", "]))
+def test_parse_shapes_round_trip(rows, sep):
+    text = "\n".join(sep.join(map(str, r)) + "  # c" for r in rows)
+    assert suites.parse_shapes(text) == [suites.Shape(*r) for r in rows]
+
+
+# ---- statistics -----------------------------------------------------------------------------------
+
+def test_summarize_median_quartiles_min_max():
+    s = stats.summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (s.median, s.q1, s.q3, s.min, s.max, s.n) == (3.0, 2.0, 4.0, 1.0, 5.0, 5)
+    assert s.iqr == 2.0 and s.rel_iqr == pytest.approx(2 / 3)
+    one = stats.summarize([7.0])
+    assert (one.median, one.q1, one.q3) == (7.0, 7.0, 7.0)
+    with pytest.raises(ValueError):
+        stats.summarize([])
+
+
+def test_geomean_share_and_ratio_summary():
+    assert stats.geomean([1.0, 4.0]) == pytest.approx(2.0)
+    assert stats.geomean([2.0, 2.0, 2.0]) == pytest.approx(2.0)
+    assert stats.share_at_least([0.9, 1.0, 1.2, 0.5]) == 0.5
+    assert stats.tflops(2e12, 1e6) == pytest.approx(2.0)   # 2 TFLOP in 1 s
+    r = stats.ratio_summary([0.5, 2.0, 1.0, float("nan")], n_failed=2)
+    assert (r.geomean, r.min, r.max, r.share_ge_1, r.n_ok, r.n_failed) == (pytest.approx(1.0), 0.5, 2.0,
+                                                                           pytest.approx(2 / 3), 3, 2)
+    assert r.line() == "geomean 1.000x cuBLAS, min 0.500x, max 2.000x, 67% of 3 shapes >= 1.0, 2 failed"
+    assert stats.ratio_summary([], 3).line() == "no shape ran (3 failed)"
+
+
+@given(st.lists(st.floats(0.01, 100.0), min_size=1, max_size=50))
+def test_geomean_lies_between_min_and_max(xs):
+    g = stats.geomean(xs)
+    assert min(xs) * (1 - 1e-9) <= g <= max(xs) * (1 + 1e-9)
+
+
+# ---- policy strings --------------------------------------------------------------------------------
+
+@given(st.sampled_from([64, 128, 256]), st.sampled_from([64, 128, 192, 256]), st.sampled_from([32, 64, 128]),
+       st.sampled_from([(1, 1), (2, 1), (1, 2), (2, 2)]), st.sampled_from(["auto", 2, 4, 7]), st.sampled_from(MODES),
+       st.sampled_from(RASTERS), st.sampled_from(SWIZZLES), st.sampled_from([1, 2, 4]))
+def test_schedule_short_string_round_trips(bm, bn, bk, cl, stg, mode, raster, sw, sk):
+    s = Schedule((bm, bn, bk), cl, stg, mode, raster, sw, sk)
+    assert parse_schedule(s.short()) == s
+    assert parse_policy(s.short()) == s and policy_name(s) == s.short()
+
+
+def test_parse_policy_names_and_partial_schedules():
+    assert parse_policy("heuristic") == "heuristic" and parse_policy(" AUTO ") == "auto"
+    s = parse_policy("128x256x64_c2x1_coop")
+    assert s == Schedule(tile=(128, 256, 64), cluster=(2, 1), mode="cooperative")
+    assert parse_policy("64x128_pp_k2").tile == (64, 128, 64)
+    assert parse_policy("64x128_pp_k2").split_k == 2
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("fastest", "first token must be the tile"),
+    ("128x128x64_c2", "unknown token 'c2'"),
+    ("128x128x64_coop_pp", "mode given twice"),
+    ("128x128x64_zz", "unknown token 'zz'"),
+])
+def test_parse_policy_errors_say_what_to_write(text, msg):
+    with pytest.raises(PolicyError, match=msg):
+        parse_policy(text)
+
+
+# ---- timing on a virtual clock ------------------------------------------------------------------------
+
+class VirtualClock:
+    """Time advances only when a fake kernel runs; 'graphs' are plain loops."""
+
+    def __init__(self):
+        self.now_ms = 0.0
+        self.prepared = []
+
+    def prepare(self, calls):
+        calls = list(calls)
+        self.prepared.append(len(calls))
+        return lambda: [c() for c in calls]
+
+    def time_ms(self, unit):
+        t0 = self.now_ms
+        unit()
+        return self.now_ms - t0
+
+
+class FakeKernel:
+    """a @ b.T computed for real (so the check sees the numbers), costing `us` of virtual time."""
+
+    def __init__(self, clock, us, name="gemmc", log=None, wrong=False, skip_write=False, schedule=None):
+        self.clock, self.us, self.name, self.log = clock, us, name, log if log is not None else []
+        self.wrong, self.skip_write, self.schedule = wrong, skip_write, schedule
+        self.calls, self.out_args = 0, []
+
+    def __call__(self, a, b, out=None):
+        self.calls += 1
+        self.out_args.append(out is not None)
+        self.log.append(self.name)
+        self.clock.now_ms += self.us / 1000
+        res = (a.float() @ b.float().T).to(a.dtype)
+        if self.wrong:
+            res = res * 1.5
+        if out is None:
+            return res
+        if not self.skip_write:
+            out.copy_(res)
+        return out
+
+
+SMALL = [suites.Shape(64, 32, 48), suites.Shape(8, 16, 32)]
+
+
+def _cpu_bench(kernels, cfg=timing.TimingConfig(repeats=5, warmup=1, min_unit_us=100), shapes=SMALL,
+               cublas_us=12.0, **kw):
+    clock = VirtualClock()
+    log = []
+    made = {}
+
+    def compile_fn(shape):
+        k = kernels(clock, log, shape)
+        made[shape] = k
+        return k
+
+    cublas = FakeKernel(clock, cublas_us, "cublas", log)
+    results = timing.run_bench(shapes, "heuristic", cfg, device="cpu", compile_fn=compile_fn, cublas=cublas,
+                               clock=clock, l2_bytes=64 * 1024, progress=False, **kw)
+    return results, made, cublas, clock, log
+
+
+def test_timing_loop_measures_each_side_and_the_ratio():
+    sched = Schedule(tile=(128, 128, 64))
+    results, made, cublas, clock, _ = _cpu_bench(lambda c, log, s: FakeKernel(c, 10.0, "gemmc", log, schedule=sched))
+    assert [r["status"] for r in results] == ["ok", "ok"]
+    r = results[0]
+    assert r["gemmc_us"]["median"] == pytest.approx(10.0) and r["cublas_us"]["median"] == pytest.approx(12.0)
+    assert r["gemmc_us"]["n"] == 5 and len(r["gemmc_samples_us"]) == 5
+    assert r["ratio"] == pytest.approx(1.2)
+    assert r["gemmc_tflops"] == pytest.approx(2 * 64 * 32 * 48 / 10e-6 / 1e12)
+    assert r["schedule"] == sched.short() and r["schedule_dict"] == sched.to_dict()
+    assert r["rel_err"] < 1e-2 and r["cublas_rel_err"] < 1e-2
+    # launches: >= min_unit_us / estimate (100 / 12 -> 9), and >= one per input set
+    assert r["launches"] == max(9, r["input_sets"])
+    assert r["input_sets"] == timing.input_set_count(SMALL[0], 2, 64 * 1024)
+    assert r["rotated_bytes"] >= 2 * 64 * 1024
+    # every call of a timed unit writes into the preallocated output (graph mode)
+    assert all(made[SMALL[0]].out_args)
+
+
+def test_timing_interleaves_and_alternates_the_order():
+    clock = VirtualClock()
+    log = []
+    units = {"gemmc": lambda: log.append("g"), "cublas": lambda: log.append("c")}
+    samples = timing.time_interleaved(units, clock, repeats=4, warmup=1)
+    assert "".join(log) == "gc" + "gccggccg"
+    assert {k: len(v) for k, v in samples.items()} == {"gemmc": 4, "cublas": 4}
+
+
+def test_a_wrong_result_is_reported_and_not_timed():
+    results, made, _, _, _ = _cpu_bench(lambda c, log, s: FakeKernel(c, 10.0, "gemmc", log, wrong=True))
+    r = results[0]
+    assert r["status"] == "check_failed" and "relative Frobenius error" in r["error"]
+    assert r["rel_err"] == pytest.approx(0.5, rel=1e-2)
+    assert made[SMALL[0]].calls == 1          # the check only
+    assert "gemmc_us" not in r and "ratio" not in r
+
+
+def test_unwritten_output_fails_the_check_through_the_nan_fill():
+    results, made, _, _, _ = _cpu_bench(lambda c, log, s: FakeKernel(c, 10.0, "gemmc", log, skip_write=True))
+    assert results[0]["status"] == "check_failed" and math.isnan(results[0]["rel_err"])
+
+
+def test_a_compile_error_is_recorded_and_the_run_goes_on():
+    def kernels(clock, log, shape):
+        if shape == SMALL[0]:
+            raise SpecError("tile too big")
+        return FakeKernel(clock, 20.0, "gemmc", log)
+    results, _, _, _, _ = _cpu_bench(kernels)
+    assert results[0]["status"] == "compile_error" and results[0]["error"] == "SpecError: tile too big"
+    assert results[1]["status"] == "ok" and results[1]["ratio"] == pytest.approx(0.6)
+
+
+def test_host_timing_makes_user_calls_without_out():
+    cfg = timing.TimingConfig(repeats=3, warmup=0, min_unit_us=100, host_timing=True)
+    results, made, cublas, _, _ = _cpu_bench(lambda c, log, s: FakeKernel(c, 10.0, "gemmc", log), cfg=cfg)
+    k = made[SMALL[0]]
+    assert k.out_args[0] is True                  # the check writes into the NaN-filled output
+    assert not any(k.out_args[1:])                # timed calls allocate, as a user's loop does
+    assert results[0]["ratio"] == pytest.approx(1.2)
+
+
+def test_input_sets_cover_twice_the_l2_in_aligned_distinct_slots():
+    shape = suites.Shape(3, 5, 8)                 # odd sizes: slots must still be 128B aligned
+    n = timing.input_set_count(shape, 2, l2_bytes=4096, l2_factor=2.0)
+    assert n == math.ceil(2 * 4096 / ((3 * 8 + 5 * 8 + 3 * 5) * 2))
+    sets = timing.make_input_sets(shape, torch.bfloat16, "cpu", n, seed=0)
+    assert sets.n == n and sets.rotated_bytes >= 2 * 4096
+    for slots in (sets.a, sets.b, sets.out_gemmc):
+        base = slots[0].data_ptr()                # CUDA bases are 512B aligned; the CPU's at least 16B
+        for t in slots:
+            assert (t.data_ptr() - base) % 128 == 0 and t.data_ptr() % 16 == 0 and t.is_contiguous()
+    assert sets.a[0].shape == (3, 8) and sets.b[0].shape == (5, 8) and sets.out_gemmc[0].shape == (3, 5)
+    assert not torch.equal(sets.a[0], sets.a[1])
+    again = timing.make_input_sets(shape, torch.bfloat16, "cpu", n, seed=0)
+    assert torch.equal(sets.a[1], again.a[1])     # seeded
+    assert timing.input_set_count(suites.Shape(16384, 16384, 16384), 2, 60 << 20) == 1
+    assert timing.input_set_count(suites.Shape(64, 64, 64), 2, 60 << 20, max_sets=4096) == 4096
+
+
+def test_launch_count_bounds():
+    cfg = timing.TimingConfig(min_unit_us=1000, min_launches=1, max_launches=200)
+    assert timing.launch_count(10.0, 1, cfg) == 100
+    assert timing.launch_count(1.0, 1, cfg) == 200
+    assert timing.launch_count(5000.0, 1, cfg) == 1
+    assert timing.launch_count(5000.0, 7, cfg) == 7     # every input set in every unit
+
+
+def test_reference_check_error_value():
+    a = torch.randn(16, 32, dtype=torch.bfloat16)
+    b = torch.randn(8, 32, dtype=torch.bfloat16)
+    ref = timing.reference(a, b)
+    out = torch.empty(16, 8, dtype=torch.bfloat16)
+    assert timing.check_output(timing.cublas_matmul, a, b, out, ref) < 1e-2
+    assert timing.rel_frobenius_error(torch.zeros(16, 8), ref) == pytest.approx(1.0)
+
+
+# ---- report -------------------------------------------------------------------------------------------
+
+def _recorded_results():
+    """Numbers as a GPU run records them (hand-made), two ok shapes and one failure."""
+    def ok(m, n, k, g_us, c_us, sched):
+        sh = suites.Shape(m, n, k)
+        g = stats.summarize([g_us * 0.99, g_us, g_us * 1.02]).as_dict()
+        c = stats.summarize([c_us, c_us * 1.01, c_us * 0.98]).as_dict()
+        return {"shape": str(sh), **sh.as_dict(), "flops": sh.flops, "status": "ok", "error": None,
+                "schedule": sched, "gemmc_us": g, "cublas_us": c, "gemmc_tflops": stats.tflops(sh.flops, g_us),
+                "cublas_tflops": stats.tflops(sh.flops, c_us), "ratio": c_us / g_us, "rel_err": 0.002}
+    bad = {"shape": "1x4096x4096", "m": 1, "n": 4096, "k": 4096, "flops": 2.0 * 4096 * 4096,
+           "status": "check_failed", "error": "relative Frobenius error nan >= 0.01", "rel_err": float("nan"),
+           "schedule": "64x64x64_c1x1_pp_sauto_rm_sw1_k1"}
+    return [ok(4096, 4096, 4096, 180.0, 190.0, "128x256x64_c2x1_coop_sauto_rm_sw1_k1"),
+            ok(8192, 8192, 8192, 1500.0, 1400.0, "128x256x64_c1x2_coop_sauto_rn_sw8_k1"), bad]
+
+
+def test_table_lists_every_shape_with_numbers_and_failures():
+    table = report.format_table(_recorded_results())
+    lines = table.splitlines()
+    assert lines[0].split()[:2] == ["shape", "gemmc"] and len(lines) == 5
+    assert "4096x4096x4096" in lines[2] and "1.056" in lines[2] and "128x256x64_c2x1_coop" in lines[2]
+    assert f"{stats.tflops(2.0 * 4096 ** 3, 180.0):.1f}" in lines[2]
+    assert "0.933" in lines[3]
+    assert "CHECK_FAILED: relative Frobenius error" in lines[4]
+
+
+def test_json_report_round_trips_with_nan_as_null(tmp_path):
+    cfg = timing.TimingConfig()
+    env = {"date": "2026-11-30T00:00:00+00:00", "gpu": {"name": "NVIDIA H200"}, "versions": {"gemmc": "0.1.0"}}
+    rep = report.make_report(_recorded_results(), suite="square", policy="heuristic", dtype="bf16", arch="sm_90a",
+                             cfg=cfg, environment=env)
+    assert rep["summary"]["n_ok"] == 2 and rep["summary"]["n_failed"] == 1
+    assert rep["summary"]["geomean"] == pytest.approx(math.sqrt((190 / 180) * (1400 / 1500)))
+    assert rep["summary"]["share_ge_1"] == 0.5
+    assert rep["summary_line"].startswith("geomean 0.993x cuBLAS, min 0.933x")
+    assert "interleaved" in rep["method"]["text"] and rep["method"]["timing"] == "cuda-graphs"
+    path = report.write_json(rep, tmp_path / "r.json")
+    back = report.load_json(path)
+    assert back["results"][2]["rel_err"] is None
+    assert back["results"][0]["gemmc_us"] == rep["results"][0]["gemmc_us"]
+    assert back["environment"]["gpu"]["name"] == "NVIDIA H200"
+    (tmp_path / "other.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a gemmc bench report"):
+        report.load_json(tmp_path / "other.json")
+
+
+def test_plot_writes_a_png(tmp_path):
+    rep = report.make_report(_recorded_results(), suite="llm", policy="auto", dtype="bf16", arch="sm_90a",
+                             cfg=timing.TimingConfig(), environment={"gpu": {"name": "NVIDIA H200"}})
+    png = report.plot_ratios(rep, tmp_path / "plot.png")
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_default_output_path_names_date_gpu_suite():
+    p = report.default_output_path("llm", "NVIDIA H200", date="2026-11-30")
+    assert p == Path("bench/results/2026-11-30-h200-llm.json")
+    assert report.default_output_path("square", "NVIDIA H100 80GB HBM3", True, date="d").name == \
+        "d-h100-80gb-hbm3-square-host.json"
+
+
+def test_environment_has_versions_without_a_gpu():
+    env = report.collect_environment()
+    assert env["versions"]["gemmc"] and env["versions"]["torch"] == torch.__version__
+    assert "nvidia-cutlass-dsl" in env["versions"] and env["date"]
+
+
+# ---- dataset ------------------------------------------------------------------------------------------
+
+def _records():
+    s1, s2 = Schedule(tile=(128, 256, 64), cluster=(2, 1)), Schedule(tile=(64, 128, 64), mode="pingpong")
+    return [
+        {"m": 128, "n": 4096, "k": 4096, "schedule": s1.to_dict(), "time_us": 20.5, "error": None,
+         "cublas_us": 22.0, "compile_s": 1.25, "rel_err": 0.0031, "refined": True, "time_us_short": 21.0},
+        {"m": 128, "n": 4096, "k": 4096, "schedule": s2.to_dict(), "time_us": 18.25, "error": None,
+         "cublas_us": 22.0, "compile_s": 1.5, "rel_err": 0.0029, "refined": False},
+        {"m": 1, "n": 4096, "k": 4096, "schedule": s2.to_dict(), "time_us": None,
+         "error": "compile: BuildError: ptxas failed", "cublas_us": 9.0, "compile_s": None},
+    ]
+
+
+def test_dataset_round_trip(tmp_path):
+    header = {"device": {"name": "NVIDIA H200"}, "date": "2026-11-30", "method": {"text": "graphs"},
+              "versions": {"gemmc": "0.1.0"}}
+    path = ds.write_dataset(tmp_path / "d.jsonl.gz", header, _records())
+    h, recs = ds.load_dataset(path)
+    assert h["format"] == ds.FORMAT and h["device"]["name"] == "NVIDIA H200"
+    assert h["footer"] == {"complete": True, "records": 3} and "truncated" not in h
+    assert recs == json.loads(json.dumps(_records()))   # tuples come back as lists
+    assert ds.record_schedule(recs[0]) == Schedule(tile=(128, 256, 64), cluster=(2, 1))
+    best = ds.best_per_shape(recs)
+    assert best[(128, 4096, 4096)]["time_us"] == 18.25 and (1, 4096, 4096) not in best
+    assert [len(v) for v in ds.by_shape(recs).values()] == [2, 1]
+
+
+def test_dataset_cut_off_mid_run_still_loads(tmp_path):
+    w = ds.DatasetWriter(tmp_path / "d.jsonl.gz", {"device": "x"})
+    w.write_many(_records()[:2])          # flushed, never closed: as if the run was killed
+    h, recs = ds.load_dataset(tmp_path / "d.jsonl.gz")
+    assert h.get("truncated") is True and len(recs) == 2 and "footer" not in h
+    w.close({"complete": False})
+    h, recs = ds.load_dataset(tmp_path / "d.jsonl.gz")
+    assert h["footer"]["complete"] is False and len(recs) == 2
+
+
+def test_dataset_rejects_bad_records_and_foreign_files(tmp_path):
+    with pytest.raises(ds.DatasetError, match="neither time_us nor error"):
+        ds.write_dataset(tmp_path / "a.gz", {}, [{"m": 1, "n": 1, "k": 1, "schedule": {}}])
+    with gzip.open(tmp_path / "b.gz", "wt") as f:
+        f.write(json.dumps({"format": "other"}) + "\n")
+    with pytest.raises(ds.DatasetError, match="format 'other'"):
+        ds.load_dataset(tmp_path / "b.gz")
+
+
+def test_dataset_is_compact():
+    """30k records of the full sweep must fit the 2 MB budget: measure bytes per record."""
+    import io
+    recs = []
+    for i in range(2000):
+        s = Schedule(tile=(128, 64 * (1 + i % 4), 64), cluster=(1 + i % 2, 1), swizzle=(1, 8)[i % 2],
+                     split_k=(1, 2, 4)[i % 3])
+        recs.append({"m": 64 * (1 + i % 50), "n": 4096, "k": 4096, "schedule": s.to_dict(),
+                     "time_us": 10 + (i * 7919 % 1000) / 7.0, "error": None, "cublas_us": 50.123456,
+                     "compile_s": 1.0 + (i % 13) / 10, "rel_err": 0.0031 + i * 1e-7, "refined": False})
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=9) as f:
+        for r in recs:
+            f.write(ds._line(r))
+    assert len(buf.getvalue()) / len(recs) * 30000 < 2e6
+
+
+# ---- CLI ------------------------------------------------------------------------------------------------
+
+def test_cli_reports_bad_input_before_running(tmp_path, capsys):
+    bad = tmp_path / "s.txt"
+    bad.write_text("1 2\n")
+    assert bench_main(["--shapes", str(bad)]) == 2
+    assert "s.txt:1" in capsys.readouterr().err
+    assert bench_main(["--suite", "square", "--policy", "fastest"]) == 2
+    assert "not 'heuristic', 'auto' or a schedule" in capsys.readouterr().err
+
+
+def test_cli_without_gpu_says_so(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU")
+    assert bench_main(["--suite", "square", "--limit", "1"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point_prints_help():
+    res = subprocess.run([sys.executable, "-m", "gemmc.bench", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and "--suite" in res.stdout and "--host-timing" in res.stdout
