@@ -96,7 +96,7 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
         extra = len(self.dims) - LAYOUT_RANK.get(self.layout.data, 0)
         return self.dims[0] if extra == 1 else None
 
-    def verify_(self) -> None:
+    def verify(self) -> None:   # xDSL runs an attribute's `verify` when it is built or parsed
         layout = self.layout.data
         if layout not in LAYOUT_RANK:
             raise VerifyException(f"!gemmc.tensor: unknown layout {layout!r}; use one of {sorted(LAYOUT_RANK)}")
@@ -184,7 +184,7 @@ class ScheduleAttr(ParametrizedAttribute):
                         raster=self.raster.data, swizzle=self.swizzle.data, split_k=self.split_k.data,
                         arch=self.arch.data)
 
-    def verify_(self) -> None:
+    def verify(self) -> None:
         if len(self.tile.data) != 3:
             raise VerifyException(f"#gemmc.schedule: tile needs 3 sizes (M, N, K), got {len(self.tile.data)}")
         if len(self.cluster.data) != 2:
@@ -203,7 +203,7 @@ class ScheduleAttr(ParametrizedAttribute):
                 value = getattr(self, f)
                 if f in ("tile", "cluster"):
                     print_shape(printer, ints_value(value))
-                elif isinstance(value, IntAttr):
+                elif isinstance(value, IntAttr) or (f == "stages" and value.data.isdigit()):
                     printer.print_string(str(value.data))
                 else:
                     print_word(printer, value.data)

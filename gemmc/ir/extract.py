@@ -28,15 +28,17 @@ def plan_from_module(module: ModuleOp) -> KernelPlan:
     problem = ProblemInfo(m=spec.m, n=spec.n, k=spec.k, batch=spec.batch, a_dtype=spec.dtype, b_dtype=spec.dtype,
                           out_dtype=spec.out_dtype, acc_dtype=spec.acc_dtype, a_major=spec.a_major,
                           b_major=spec.b_major, name=spec.name)
-    mma, pipe, sched = need(MmaOp), need(PipelineOp), need(TileSchedulerOp)
+    # asked for in pass order, so the error names the first pass that has not run
+    mma, cluster = need(MmaOp), need(ClusterOp)
     store = kernel.epilogue_op.store
     if store is None:
         raise SpecError("kernel.epilogue has no store path: run tma-cluster-layout first")
+    pipe, sched = need(PipelineOp), need(TileSchedulerOp)
     return KernelPlan(
         arch=kernel.arch.data,
         problem=problem,
         tile=tuple(a.data for a in kernel.tile.data),
-        cluster=need(ClusterOp).get("shape"),
+        cluster=cluster.get("shape"),
         mode=kernel.mode.data,
         threads=kernel.threads.data,
         warpgroups=tuple(WarpGroup(**w.values()) for w in kernel.ops_of(WarpGroupOp)),

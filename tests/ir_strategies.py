@@ -1,0 +1,70 @@
+"""Hypothesis strategies for GEMM specs and schedules, shared by the IR/pass/compiler tests."""
+from hypothesis import strategies as st
+
+from gemmc import EpilogueInput, EpilogueOp, GemmSpec, Ref, Schedule
+from gemmc.spec import EPILOGUE_OPS, INPUT_KINDS
+from gemmc.types import DType
+
+NAMES = st.sampled_from(["M", "N", "K", "L", "seq", "x", "f32"])   # "x"/"f32" must be quoted in types
+floats = st.floats(allow_nan=False, allow_infinity=False, width=64)
+
+
+def dims(static=st.integers(1, 1 << 16)):
+    return st.one_of(static, NAMES)
+
+
+@st.composite
+def epilogues(draw, inputs):
+    ops = []
+    for idx in range(draw(st.integers(0, 5))):
+        op = draw(st.sampled_from(EPILOGUE_OPS))
+        refs = [st.just(Ref.acc()), floats.map(Ref.const)]
+        if inputs:
+            refs.append(st.sampled_from([Ref.input(i.name) for i in inputs]))
+        if idx:
+            refs.append(st.integers(0, idx - 1).map(Ref.node))
+        arity = 2 if op in ("add", "sub", "mul", "div") else 1
+        args = tuple(draw(st.one_of(*refs)) for _ in range(arity))
+        attrs = ()
+        if op == "cast":
+            attrs = (("dtype", draw(st.sampled_from([DType.bf16, DType.f16, DType.f32]))),)
+        elif op == "clamp":
+            lo, hi = sorted([draw(floats), draw(floats)])
+            attrs = draw(st.sampled_from([(("min", lo),), (("max", hi),), (("min", lo), ("max", hi))]))
+        ops.append(EpilogueOp(op, args, attrs))
+    return tuple(ops)
+
+
+@st.composite
+def specs(draw, static=st.integers(1, 1 << 16)):
+    dtype = draw(st.sampled_from(["bf16", "f16"]))
+    acc = draw(st.sampled_from(["f32", "f16"])) if dtype == "f16" else "f32"
+    names = draw(st.lists(st.sampled_from(["bias", "res", "scale", "gate", "v"]), unique=True, max_size=3))
+    inputs = tuple(EpilogueInput(n, draw(st.sampled_from(INPUT_KINDS)), draw(st.sampled_from(["f32", "bf16", "f16"])))
+                   for n in names)
+    return GemmSpec(m=draw(dims(static)), n=draw(dims(static)), k=draw(dims(static)), dtype=dtype,
+                    out_dtype=draw(st.sampled_from(["bf16", "f16", "f32"])), acc_dtype=acc,
+                    a_layout=draw(st.sampled_from(["mk", "km"])), b_layout=draw(st.sampled_from(["nk", "kn"])),
+                    batch=draw(st.none() | dims(static)), inputs=inputs, epilogue=draw(epilogues(inputs)),
+                    name=draw(st.sampled_from(["gemm", "linear_gelu", "k2"])))
+
+
+def aligned_specs():
+    """Specs whose static dims are multiples of 64: only the schedule decides validity."""
+    return specs(static=st.integers(1, 128).map(lambda x: 64 * x))
+
+
+@st.composite
+def schedules(draw, arch=None):
+    """Any schedule, valid or not: the axes' legal values plus a few illegal ones."""
+    arch = arch or draw(st.sampled_from(["sm_90a", "sm_80"]))
+    return Schedule(
+        tile=(draw(st.sampled_from([32, 64, 128, 192, 256])), draw(st.sampled_from([16, 64, 96, 120, 128, 192, 256])),
+              draw(st.sampled_from([16, 32, 64, 128, 96]))),
+        cluster=(draw(st.sampled_from([1, 2, 3, 4, 8])), draw(st.sampled_from([1, 2, 4, 8]))),
+        stages=draw(st.sampled_from(["auto", 1, 2, 3, 4, 6, 9])),
+        mode=draw(st.sampled_from(["cooperative", "pingpong"])),
+        raster=draw(st.sampled_from(["m", "n"])),
+        swizzle=draw(st.sampled_from([1, 2, 3, 8])),
+        split_k=draw(st.sampled_from([1, 2, 4, 32])),
+        arch=arch)
