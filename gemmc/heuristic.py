@@ -1,0 +1,235 @@
+"""`schedule="heuristic"`: an analytic choice among the valid schedules, in the spirit of DeepGEMM's.
+
+Every schedule from `gemmc.schedule.enumerate_schedules` (the one validity predicate; nothing here
+re-checks limits) gets a predicted run time from a small roofline model; the fastest wins, ties go
+to the simpler schedule. Symbols: tile (BM, BN, BK), cluster (cm, cn) with cs = cm*cn CTAs, e bytes
+per input element, split-K factor S, batch L, P the SM count (`num_sms`, default 132 on sm_90a).
+
+1. Grid and waves (wave quantization):
+     tm = ceil(M/BM), tn = ceil(N/BN)                       output tiles
+     units = L * ceil(tm/cm)*cm * ceil(tn/cn)*cn * S           work units (grid padded to whole clusters)
+     P_c = usable SMs for clusters of cs CTAs (GPC fragmentation: 100% for cs<=2, 128/132 at 4,
+           120/132 at 8, 112/132 at 16), rounded down to a multiple of cs
+     waves = ceil(units / P_c);   wave_efficiency = L*tm*tn*S / (waves * P)
+2. Main loop of one unit, per k-block (k_iters = ceil(ceil(K/BK)/S)):
+     t_mma = 2*BM*BN*BK / (F/P_base) / eta_n       F: peak tensor FLOP/s; eta_n = min(1, 0.8 + 0.2*BN/128)
+                                                    (narrow WGMMA N wastes issue slots; sm_80 uses min(BM,BN))
+     t_l2  = (bm/cn + bn/cm)*BK*e / (B_L2/P_base)  bm = min(BM, M), bn = min(BN, N): no rows past the edge;
+                                                    multicast: A is shared by the cn CTAs along N, B by the cm
+                                                    CTAs along M, so each CTA fetches 1/cn of A and 1/cm of B
+     t_k = max(t_mma, t_l2) + 0.1*min(t_mma, t_l2) + T_ITER + T_SYNC*(cs-1)
+     t_k *= 1 + 0.05*max(0, 4 - stages)            fewer than ~4 stages expose load latency
+     mainloop = k_iters * t_k
+   so larger tiles win on arithmetic intensity (bytes per FLOP, fixed per-iteration cost), and clusters
+   win when the L2->SM traffic binds; T_SYNC charges the cross-CTA coupling of multicast.
+3. Epilogue of one unit: t_epi = BM*BN*(out bytes + full-input bytes)/(B_L2/P_base)
+                                + BM*BN*sum(op cost)/ALU + T_EPI     (op cost: 1 for + - * clamp relu cast,
+                                4 for /, 8 for sigmoid/silu/tanh/gelu_tanh, 12 for gelu_erf)
+   Split-K fix-up per unit (S > 1): t_fix = 2*BM*BN*4/(B_L2/P_base) + T_FIX (f32 partials + semaphore).
+4. Unit time: cooperative (and sm_80) runs the epilogue after the main loop: mainloop + t_epi + t_fix;
+   ping-pong overlaps one warpgroup's epilogue with the other's main loop: max(mainloop, t_epi + t_fix).
+   t_compute = waves * t_unit.
+5. DRAM: bytes = L*(A + B)*reload + L*M*N*(out + full inputs) where, when A and B overflow half the
+   L2, `reload` counts the A/B panels each wave touches under the raster order and swizzle (a wave of
+   W CTAs covers about W/sw tiles along the raster dim and sw across it).
+   Achieved bandwidth = B_DRAM * min(1, active_CTAs * per-CTA rate / B_DRAM), per-CTA rate =
+   min(2*B_DRAM/P_base, bytes in flight / latency): a handful of CTAs cannot saturate HBM, which is
+   what makes split-K pay off for decode shapes (M <= 64) whose few tiles leave SMs idle.
+   t_dram = bytes / achieved bandwidth.
+6. time = max(t_compute, t_dram) + 0.1*min(t_compute, t_dram) + T_FILL;  score = 2*L*M*N*K / time.
+
+Symbolic dims take `m_hint` (else 4096), `n_hint`/`k_hint` (else 4096), batch 1. The constants are
+H100/H200-class (989 TFLOP/s bf16 dense, 4.8 TB/s HBM3e, 50 MB L2) and A100 for sm_80; they set
+relative costs, not absolute predictions. Deterministic: no randomness, ties broken by a fixed key.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import ScheduleError
+from .schedule import (ARCH_LIMITS, Schedule, ScheduleSpace, ab_stage_bytes, check_schedule, default_schedule,
+                       enumerate_schedules, resolve_stages)
+from .spec import GemmSpec
+from .types import as_arch
+
+DEFAULT_DIM = 4096
+
+
+@dataclass(frozen=True)
+class MachineModel:
+    """Throughputs of one GPU, as the cost model sees it."""
+    peak_flops: float          # dense 16-bit tensor-core FLOP/s, whole chip
+    num_sms: int               # SMs the peak is quoted for
+    dram_bw: float             # B/s
+    l2_bw: float               # L2 -> SM B/s, whole chip
+    l2_bytes: int
+    alu_per_sm: float          # f32 elementwise ops per second per SM (128 lanes x clock)
+    dram_latency: float        # s
+    t_iter: float              # fixed cost per k-block (barrier wait, MMA issue), s
+    t_sync: float              # per extra CTA in a cluster, per k-block (multicast coupling), s
+    t_epi: float               # fixed cost per tile epilogue (smem staging, store fences), s
+    t_fix: float               # split-K semaphore wait per unit, s
+    t_fill: float              # pipeline fill + launch, once, s
+
+
+MACHINES = {
+    "sm_90a": MachineModel(peak_flops=989e12, num_sms=132, dram_bw=4.8e12, l2_bw=12e12, l2_bytes=50 << 20,
+                           alu_per_sm=128 * 1.755e9, dram_latency=800e-9, t_iter=15e-9, t_sync=15e-9,
+                           t_epi=300e-9, t_fix=1e-6, t_fill=3e-6),
+    "sm_80": MachineModel(peak_flops=312e12, num_sms=108, dram_bw=2.0e12, l2_bw=5e12, l2_bytes=40 << 20,
+                          alu_per_sm=64 * 1.41e9, dram_latency=700e-9, t_iter=20e-9, t_sync=0.0,
+                          t_epi=300e-9, t_fix=1e-6, t_fill=3e-6),
+}
+
+# Share of SMs that clusters of a given size can occupy (CTAs of a cluster share one GPC).
+CLUSTER_SM_FRACTION = {1: 1.0, 2: 1.0, 4: 128 / 132, 8: 120 / 132, 16: 112 / 132}
+
+EPILOGUE_OP_COST = {"add": 1, "sub": 1, "mul": 1, "div": 4, "relu": 1, "clamp": 1, "cast": 1,
+                    "sigmoid": 8, "silu": 8, "tanh": 8, "gelu_tanh": 8, "gelu_erf": 12}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The model's terms for one schedule (seconds unless named otherwise)."""
+    time: float
+    tflops: float
+    units: int
+    waves: int
+    wave_efficiency: float
+    t_mainloop: float          # one unit
+    t_epilogue: float          # one unit, including split-K fix-up
+    t_compute: float
+    t_dram: float
+    dram_bytes: float
+    l2_bytes_per_kblock: float  # per CTA
+
+
+def problem_dims(spec: GemmSpec, m_hint: int | None = None, n_hint: int | None = None,
+                 k_hint: int | None = None) -> tuple[int, int, int, int]:
+    """(L, M, N, K) with symbolic dims replaced by the hints or DEFAULT_DIM."""
+    def pick(dim, hint):
+        return dim if isinstance(dim, int) else int(hint if hint is not None else DEFAULT_DIM)
+    batch = spec.batch if isinstance(spec.batch, int) else 1
+    return batch, pick(spec.m, m_hint), pick(spec.n, n_hint), pick(spec.k, k_hint)
+
+
+def usable_sms(num_sms: int, cluster_size: int) -> int:
+    frac = CLUSTER_SM_FRACTION.get(cluster_size, 112 / 132)
+    return max(cluster_size, int(num_sms * frac) // cluster_size * cluster_size)
+
+
+def _epilogue_cost(spec: GemmSpec) -> int:
+    return sum(EPILOGUE_OP_COST.get(op.op, 4) for op in spec.epilogue)
+
+
+def _panel_traffic(tm, tn, bm, bn, k_bytes, wave, raster, swizzle) -> float:
+    """A+B bytes read from DRAM when only the panels of the current wave stay in L2."""
+    if raster == "n":  # n varies fastest: swap the roles of the two dims
+        tm, tn, bm, bn = tn, tm, bn, bm
+    band = min(swizzle, tn)
+    if wave <= band * tm:
+        d_n, d_m = band, min(tm, math.ceil(wave / band))
+    else:
+        d_m, d_n = tm, min(tn, math.ceil(wave / tm))
+    waves = math.ceil(tm * tn / wave)
+    per_wave = (d_m * bm + d_n * bn) * k_bytes
+    return min(waves * per_wave, tm * tn * (bm + bn) * k_bytes)
+
+
+def estimate(s: Schedule, spec: GemmSpec, num_sms: int | None = None, m_hint: int | None = None,
+             n_hint: int | None = None, k_hint: int | None = None) -> Estimate:
+    """The model of the module docstring for one (valid) schedule."""
+    mach = MACHINES[s.arch]
+    P = num_sms or ARCH_LIMITS[s.arch].num_sms
+    L, M, N, K = problem_dims(spec, m_hint, n_hint, k_hint)
+    bm, bn, bk = s.tile
+    cm, cn = s.cluster
+    cs = cm * cn
+    e = spec.dtype.bytes
+    stages = resolve_stages(s, spec)
+    sm90 = s.arch == "sm_90a"
+    per_sm_flops = mach.peak_flops / mach.num_sms
+    per_sm_l2 = mach.l2_bw / mach.num_sms
+
+    # 1. grid and waves
+    tm, tn = math.ceil(M / bm), math.ceil(N / bn)
+    units = L * (math.ceil(tm / cm) * cm) * (math.ceil(tn / cn) * cn) * s.split_k
+    p_c = usable_sms(P, cs)
+    waves = math.ceil(units / p_c)
+    wave_eff = L * tm * tn * s.split_k / (waves * P)
+
+    # 2. main loop of one unit
+    k_iters = math.ceil(math.ceil(K / bk) / s.split_k)
+    eta = min(1.0, 0.8 + 0.2 * (bn if sm90 else min(bm, bn)) / 128)
+    t_mma = 2 * bm * bn * bk / per_sm_flops / eta
+    l2_bytes = (min(bm, M) / cn + min(bn, N) / cm) * bk * e  # TMA fetches no rows past the edge
+    t_l2 = l2_bytes / per_sm_l2
+    t_k = max(t_mma, t_l2) + 0.1 * min(t_mma, t_l2) + mach.t_iter + mach.t_sync * (cs - 1)
+    t_k *= 1 + 0.05 * max(0, 4 - stages)
+    mainloop = k_iters * t_k
+
+    # 3. epilogue (+ split-K fix-up) of one unit
+    full_bytes = sum(i.dtype.bytes for i in spec.inputs if i.kind == "full")
+    t_epi = (bm * bn * (spec.out_dtype.bytes + full_bytes) / per_sm_l2
+             + bm * bn * _epilogue_cost(spec) / mach.alu_per_sm + mach.t_epi)
+    if s.split_k > 1:
+        t_epi += 2 * bm * bn * 4 / per_sm_l2 + mach.t_fix
+
+    # 4. unit time and compute time
+    t_unit = max(mainloop, t_epi) if (sm90 and s.mode == "pingpong") else mainloop + t_epi
+    t_compute = waves * t_unit
+
+    # 5. DRAM
+    ab_unique = (M + N) * K * e
+    if ab_unique > mach.l2_bytes / 2:
+        ab = _panel_traffic(tm, tn, bm, bn, K * e, min(p_c, tm * tn), s.raster, s.swizzle)
+        ab = max(ab, ab_unique)
+    else:
+        ab = ab_unique
+    dram_bytes = L * (ab + M * N * (spec.out_dtype.bytes + full_bytes))
+    in_flight = stages * ab_stage_bytes(s, spec) * (l2_bytes / ((bm + bn) * bk * e))
+    per_cta_rate = min(2 * mach.dram_bw / mach.num_sms, in_flight / mach.dram_latency)
+    active = min(units, p_c)
+    bw = mach.dram_bw * min(1.0, active * per_cta_rate / mach.dram_bw)
+    t_dram = dram_bytes / bw
+
+    # 6. total
+    time = max(t_compute, t_dram) + 0.1 * min(t_compute, t_dram) + mach.t_fill
+    flops = 2.0 * L * M * N * K
+    return Estimate(time=time, tflops=flops / time / 1e12, units=units, waves=waves, wave_efficiency=wave_eff,
+                    t_mainloop=mainloop, t_epilogue=t_epi, t_compute=t_compute, t_dram=t_dram,
+                    dram_bytes=dram_bytes, l2_bytes_per_kblock=l2_bytes)
+
+
+def _tie_break(s: Schedule) -> tuple:
+    """Among equal predictions prefer the simpler schedule: small clusters, no split-K, no swizzle."""
+    return (s.cluster[0] * s.cluster[1], s.split_k, s.swizzle, s.raster != "m", s.mode != "cooperative",
+            s.short())
+
+
+def rank_schedules(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = None, m_hint: int | None = None,
+                   n_hint: int | None = None, k_hint: int | None = None,
+                   space: ScheduleSpace | None = None) -> list[tuple[float, Schedule]]:
+    """Every valid schedule with its score (predicted TFLOP/s), best first."""
+    arch = as_arch(arch)
+    scored = []
+    for s in enumerate_schedules(spec, arch, space):
+        est = estimate(s, spec, num_sms=num_sms, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint)
+        scored.append((est.tflops, s))
+    scored.sort(key=lambda t: (-t[0],) + _tie_break(t[1]))
+    return scored
+
+
+def choose_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = None, m_hint: int | None = None,
+                    n_hint: int | None = None, k_hint: int | None = None,
+                    space: ScheduleSpace | None = None) -> Schedule:
+    """The best-scoring valid schedule; ScheduleError (with the default schedule's violations) if none is."""
+    ranked = rank_schedules(spec, arch, num_sms=num_sms, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint,
+                            space=space)
+    if not ranked:
+        violations = check_schedule(default_schedule(as_arch(arch)), spec)
+        if not violations:  # pragma: no cover - the default is in every standard space
+            raise ScheduleError(["no schedule in the search space is valid for this problem"])
+        raise ScheduleError(violations)
+    return ranked[0][1]
