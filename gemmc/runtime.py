@@ -263,16 +263,16 @@ class Launcher:
             raise LaunchError(f"{c.name}.stride({c.contig - c.rank}) must be 1 (dim {c.contig} is the "
                               f"contiguous one), got strides {stride}: pass {c.name}.contiguous()")
         a = c.align_elems
+        if shape[c.contig] % a and c.contig in c.sym_dims:
+            raise LaunchError(f"{c.name}.shape[{c.contig}] = {shape[c.contig]} must be a multiple of {a} "
+                              f"({_ALIGN_BYTES} bytes of {c.dtype}) because it is the contiguous dim: "
+                              "pad it (e.g. torch.nn.functional.pad) and slice the result")
         for i in range(c.rank):
             if i != c.contig and stride[i] % a:
                 raise LaunchError(f"{c.name}.stride({i}) = {stride[i]} is not a multiple of {a} elements "
                                   f"({_ALIGN_BYTES} bytes), needed for vector/TMA loads: pad dim {c.contig} "
                                   f"to a multiple of {a} or pass {c.name}.contiguous() "
                                   f"if it is already a multiple of {a}")
-        if shape[c.contig] % a and c.contig in c.sym_dims:
-            raise LaunchError(f"{c.name}.shape[{c.contig}] = {shape[c.contig]} must be a multiple of {a} "
-                              f"({_ALIGN_BYTES} bytes of {c.dtype}) because it is the contiguous dim: "
-                              "pad it (e.g. torch.nn.functional.pad) and slice the result")
         if t.data_ptr() % _ALIGN_BYTES:
             raise LaunchError(f"{c.name}.data_ptr() is not {_ALIGN_BYTES}-byte aligned (a view at an odd "
                               f"offset?): pass {c.name}.clone()")

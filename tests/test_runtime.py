@@ -1,0 +1,349 @@
+"""Runtime validation, allocation and argument marshalling, on CPU tensors with a recording function.
+
+`device_type="cpu"` lets the checks after the device check run here; the device check itself is tested
+with the default ("cuda") launcher. No test here launches anything.
+"""
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from gemmc.backends import Param
+from gemmc.errors import LaunchError
+from gemmc.runtime import Launcher, launcher_from_artifact, load_function, param_from_dict
+from gemmc.types import DType
+from toy_kernel import toy_params
+
+
+class Recorder:
+    """Stands in for the compiled function: records what it was called with."""
+
+    def __init__(self, reject=None):
+        self.calls = []
+        self.reject = reject
+
+    def __call__(self, *values):
+        if self.reject is not None:
+            raise self.reject
+        self.calls.append(values)
+
+
+def cpu_launcher(params=None, always_validate=True, **kw):
+    rec = Recorder(kw.pop("reject", None))
+    k = Launcher(params or toy_params(), function=rec, device_type="cpu", name="toy",
+                 always_validate=always_validate, **kw)
+    return k, rec
+
+
+def xy(m=64, n=128, dtype=torch.bfloat16):
+    return torch.randn(m, n).to(dtype), torch.randn(m, n).to(dtype)
+
+
+GEMM_PARAMS = (
+    Param("a", "tensor", DType.bf16, ("M", "K"), -1, role="a"),
+    Param("b", "tensor", DType.bf16, ("N", "K"), -1, role="b"),
+    Param("bias", "tensor", DType.f32, ("N",), -1, role="input"),
+    Param("c", "tensor", DType.bf16, ("M", "N"), -1, role="out"),
+    Param("ws", "workspace", DType.f32, ("W",), 0, role="workspace", workspace_elems="2 * M * N"),
+    Param("alpha", "scalar", DType.f32, (), role="scalar"),
+)
+
+
+# -- marshalling --------------------------------------------------------------------------------
+
+def test_values_reach_the_function_in_param_order():
+    k, rec = cpu_launcher()
+    x, y = xy()
+    out = k(x, y, 2)
+    (values,) = rec.calls
+    assert values[0] is x and values[1] is y and values[2] is out
+    assert values[3].dtype == torch.float32 and values[3].numel() == 64 * 128     # workspace M*N
+    assert values[4] == 2.0 and isinstance(values[4], float)                       # scalar as float
+    assert out.shape == (64, 128) and out.dtype == torch.bfloat16
+
+
+def test_named_arguments_and_out():
+    k, rec = cpu_launcher()
+    x, y = xy()
+    o = torch.empty_like(x)
+    assert k(alpha=1.5, y=y, x=x, out=o) is o
+    assert rec.calls[0][2] is o and rec.calls[0][1] is y
+
+
+def test_gemm_shaped_params_allocate_and_size_workspace():
+    k, rec = cpu_launcher(GEMM_PARAMS)
+    a = torch.randn(33, 64).bfloat16()
+    b = torch.randn(48, 64).bfloat16()
+    bias = torch.randn(48)
+    c = k(a, b, bias, 1.0)
+    assert c.shape == (33, 48) and c.dtype == torch.bfloat16 and c.stride() == (48, 1)
+    assert rec.calls[0][4].numel() == 2 * 33 * 48
+
+
+def test_column_major_output_is_allocated_column_major():
+    params = (Param("x", "tensor", DType.f16, ("M", "N"), -1, role="a"),
+              Param("z", "tensor", DType.f16, ("M", "N"), 0, role="out"))
+    k, _ = cpu_launcher(params)
+    z = k(torch.randn(16, 24).half())
+    assert z.shape == (16, 24) and z.stride() == (1, 16)
+
+
+def test_batched_output():
+    params = (Param("a", "tensor", DType.bf16, ("L", "M", "K"), -1, role="a"),
+              Param("c", "tensor", DType.bf16, ("L", "M", 64), -1, role="out"))
+    k, _ = cpu_launcher(params)
+    c = k(torch.randn(3, 5, 32).bfloat16())
+    assert c.shape == (3, 5, 64)
+
+
+def test_workspace_is_cached_and_grows():
+    k, rec = cpu_launcher()
+    x, y = xy(64, 128)
+    k(x, y, 1.0)
+    k(x, y, 1.0)
+    w1, w2 = rec.calls[0][3], rec.calls[1][3]
+    assert w1.data_ptr() == w2.data_ptr()          # no allocation per call
+    assert float(w1.abs().sum()) == 0.0            # zero-initialised
+    x2, y2 = xy(32, 128)
+    k(x2, y2, 1.0)                                 # smaller: a view of the same buffer
+    assert rec.calls[2][3].numel() == 32 * 128 and rec.calls[2][3].data_ptr() == w1.data_ptr()
+    x3, y3 = xy(256, 128)
+    k(x3, y3, 1.0)                                 # larger: a new buffer
+    assert rec.calls[3][3].numel() == 256 * 128
+
+
+# -- every error message ------------------------------------------------------------------------
+
+def check(k, *args, match, **kw):
+    with pytest.raises(LaunchError, match=match):
+        k(*args, **kw)
+
+
+def test_device_must_be_cuda():
+    k = Launcher(toy_params(), function=Recorder(), name="toy", always_validate=True)
+    x, y = xy()
+    check(k, x, y, 1.0, match=r"x must be on a cuda device, got cpu: pass x.to\('cuda'\)")
+
+
+def test_dtype_message_says_how_to_convert():
+    k, rec = cpu_launcher()
+    x, y = xy()
+    check(k, x, y.half(), 1.0, match=r"y must be bf16, got torch.float16: pass y.to\(torch.bfloat16\)")
+    check(k, x.float(), y, 1.0, match=r"x must be bf16, got torch.float32: pass x.to\(torch.bfloat16\)")
+    assert rec.calls == []                         # nothing launched
+
+
+def test_rank():
+    k, _ = cpu_launcher()
+    x, y = xy()
+    check(k, x[None], y, 1.0, match=r"x must be 2-D with shape \(M, N\), got 3-D shape \(1, 64, 128\)")
+
+
+def test_named_dims_must_agree():
+    k, _ = cpu_launcher()
+    x, _ = xy(64)
+    _, y = xy(65)
+    check(k, x, y, 1.0, match=r"y.shape\[0\] gives M=65 but x.shape\[0\] gives M=64: the arguments disagree on M")
+
+
+def test_static_dims_must_match():
+    k, _ = cpu_launcher(toy_params(n=128))
+    x, y = xy(8, 136)
+    check(k, x, y, 1.0, match=r"x.shape\[1\] must be 128 \(the kernel was compiled for a static \(M, 128\)\)")
+
+
+def test_contiguous_dim_needs_stride_one():
+    k, _ = cpu_launcher()
+    x, y = xy(64, 128)
+    xt = torch.randn(128, 64).bfloat16().t()        # (64, 128) but column-major
+    check(k, xt, y, 1.0, match=r"x.stride\(-1\) must be 1 .*pass x.contiguous\(\)")
+
+
+def test_leading_stride_must_be_16_byte_multiple():
+    k, _ = cpu_launcher()
+    _, y = xy(64, 128)
+    padded = torch.randn(64, 130).bfloat16()[:, :128]
+    check(k, padded, y, 1.0, match=r"x.stride\(0\) = 130 is not a multiple of 8 elements \(16 bytes\)")
+
+
+def test_padded_leading_dim_that_is_aligned_is_accepted():
+    k, rec = cpu_launcher()
+    _, y = xy(64, 128)
+    padded = torch.randn(64, 136).bfloat16()[:, :128]
+    k(padded, y, 1.0)
+    assert rec.calls[0][0] is padded
+
+
+def test_contiguous_extent_must_be_16_byte_multiple():
+    k, _ = cpu_launcher()
+    x, y = xy(64, 100)
+    check(k, x, y, 1.0, match=r"x.shape\[1\] = 100 must be a multiple of 8 \(16 bytes of bf16\)")
+
+
+def test_f32_alignment_is_4_elements():
+    params = (Param("x", "tensor", DType.f32, ("M", "N"), -1, role="a"),
+              Param("z", "tensor", DType.f32, ("M", "N"), -1, role="out"))
+    k, rec = cpu_launcher(params)
+    k(torch.randn(3, 12))
+    check(k, torch.randn(3, 10), match=r"must be a multiple of 4 \(16 bytes of f32\)")
+
+
+def test_data_pointer_alignment():
+    k, _ = cpu_launcher()
+    _, y = xy(64, 128)
+    base = torch.randn(64 * 128 + 8).bfloat16()
+    x = base[1:1 + 64 * 128].view(64, 128)
+    check(k, x, y, 1.0, match=r"x.data_ptr\(\) is not 16-byte aligned .*pass x.clone\(\)")
+
+
+def test_out_is_validated():
+    k, _ = cpu_launcher()
+    x, y = xy()
+    check(k, x, y, 1.0, out=torch.empty(64, 128, dtype=torch.float16),
+          match=r"z must be bf16, got torch.float16")
+    check(k, x, y, 1.0, out=torch.empty(64, 64, dtype=torch.bfloat16),
+          match=r"z.shape\[1\] gives N=64 but x.shape\[1\] gives N=128")
+
+
+def test_argument_binding_errors():
+    k, _ = cpu_launcher()
+    x, y = xy()
+    check(k, x, y, 1.0, 2.0, match=r"toy takes 3 arguments \(x, y, alpha\), got 4 positional")
+    check(k, x, y, match=r"missing argument 'alpha'; call it as toy\(x, y, alpha\)")
+    check(k, x, y, 1.0, beta=2.0, match=r"toy has no argument 'beta'")
+    check(k, x, y, 1.0, x=x, match=r"argument 'x' given twice")
+    check(k, x, "y", 1.0, match=r"y must be a torch.Tensor, got str")
+    check(k, x, y, torch.tensor(1.0), match=r"alpha must be a Python number \(float\), got Tensor")
+
+
+def test_output_dims_must_be_known():
+    params = (Param("x", "tensor", DType.bf16, ("M", "K"), -1, role="a"),
+              Param("z", "tensor", DType.bf16, ("M", "N"), -1, role="out"))
+    k, _ = cpu_launcher(params)
+    check(k, torch.randn(8, 16).bfloat16(), match=r"dims \['N'\] appear only in z; pass out=")
+    z = k(torch.randn(8, 16).bfloat16(), out=torch.empty(8, 24, dtype=torch.bfloat16))
+    assert z.shape == (8, 24)
+
+
+def test_launcher_needs_exactly_one_output():
+    with pytest.raises(LaunchError, match="exactly one tensor param with role 'out'"):
+        Launcher(toy_params()[:2], function=Recorder())
+
+
+# -- the fast path: the compiled prologue checks, the validator explains -------------------------
+
+def test_fast_path_passes_the_same_values():
+    k, rec = cpu_launcher(always_validate=False)
+    x, y = xy()
+    out = k(x, y, 3.0)
+    assert rec.calls[0][:3] == (x, y, out) and rec.calls[0][4] == 3.0
+
+
+def test_prologue_rejection_is_explained_by_the_validator():
+    k, rec = cpu_launcher(always_validate=False,
+                          reject=ValueError("Mismatched Tensor on argument #1, expected dtype=bfloat16"))
+    x, y = xy()
+    check(k, x, y.half(), 1.0, match=r"y must be bf16, got torch.float16: pass y.to\(torch.bfloat16\)")
+
+
+def test_prologue_rejection_the_validator_cannot_explain_is_still_a_launch_error():
+    k, _ = cpu_launcher(always_validate=False, reject=TypeError("Mismatched type on argument #4"))
+    x, y = xy()
+    with pytest.raises(LaunchError, match="the kernel rejected its arguments: Mismatched type"):
+        k(x, y, 1.0)
+
+
+class FakePrologue(Recorder):
+    """Rejects non-tensors where tensors go, as the compiled TVM-FFI prologue does."""
+
+    def __call__(self, *values):
+        for i in range(4):
+            if not isinstance(values[i], torch.Tensor):
+                raise TypeError(f"Mismatched type on argument #{i}, expected Tensor")
+        super().__call__(*values)
+
+
+def test_malformed_arguments_on_the_fast_path_get_the_validator_message():
+    rec = FakePrologue()
+    k = Launcher(toy_params(), function=rec, device_type="cpu", name="toy", always_validate=False)
+    x, y = xy()
+    check(k, x, 5, 1.0, match=r"y must be a torch.Tensor, got int")   # rejected by the prologue
+    check(k, x[0], y, 1.0, match=r"x must be 2-D")                    # fails while sizing the output
+    assert rec.calls == []
+
+
+def test_validate_env_switch(monkeypatch):
+    monkeypatch.setenv("GEMMC_VALIDATE", "1")
+    k = Launcher(toy_params(), function=Recorder(), device_type="cpu")
+    assert k.always_validate
+    monkeypatch.setenv("GEMMC_VALIDATE", "0")
+    assert not Launcher(toy_params(), function=Recorder(), device_type="cpu").always_validate
+
+
+@given(m=st.integers(1, 300), n8=st.integers(1, 40), ok=st.booleans(), pad=st.integers(0, 3))
+def test_hypothesis_shapes(m, n8, ok, pad):
+    """Aligned N with any leading padding of whole 16-B units is accepted; N off by 1..7 is refused."""
+    k, rec = cpu_launcher()
+    n = 8 * n8 if ok else 8 * n8 + 1 + (n8 % 7)
+    x = torch.zeros(m, n + 8 * pad, dtype=torch.bfloat16)[:, :n]
+    y = torch.zeros(m, n, dtype=torch.bfloat16)
+    if ok:
+        out = k(x, y, 1.0)
+        assert out.shape == (m, n) and rec.calls[-1][3].numel() == m * n
+    else:
+        with pytest.raises(LaunchError, match="multiple of 8"):
+            k(x, y, 1.0)
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+def test_param_json_round_trip():
+    from gemmc.build import param_to_dict
+    for p in GEMM_PARAMS + toy_params():
+        assert param_from_dict(param_to_dict(p)) == p
+
+
+def test_unloadable_so_goes_to_the_load_error_hook(tmp_path):
+    bad = tmp_path / "kernel.so"
+    bad.write_bytes(b"not an elf")
+    rec = Recorder()
+    seen = []
+
+    def on_error(e):
+        seen.append(e)
+        return rec
+
+    k = Launcher(toy_params(), so_path=str(bad), function_name="f", device_type="cpu",
+                 on_load_error=on_error)
+    x, y = xy()
+    k(x, y, 1.0)
+    assert len(seen) == 1 and len(rec.calls) == 1
+
+
+def test_so_failing_its_hash_is_never_loaded(tmp_path):
+    so = tmp_path / "kernel.so"
+    so.write_bytes(b"\x7fELF corrupted")
+    with pytest.raises(LaunchError, match="does not match its cache manifest"):
+        load_function(str(so), "f", sha256="0" * 64)
+
+
+def test_runtime_modules_do_not_import_cutlass():
+    code = ("import sys, gemmc, gemmc.runtime, gemmc.cache, gemmc.compiled, gemmc.build; "
+            "import torch, tvm_ffi; "
+            "bad = [m for m in sys.modules if m == 'cutlass' or m.startswith('cutlass.')]; "
+            "assert not bad, bad")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_launcher_from_artifact_reads_only_meta(tmp_path):
+    from gemmc.build import param_to_dict
+    from gemmc.cache import Artifact
+    art = Artifact(key="k", so_path=str(tmp_path / "kernel.so"), ptx_path=None, source_path=None,
+                   meta={"function": "gemmc_k", "entry": "toy_axpy", "runtime_flavor": "cu13",
+                         "params": [param_to_dict(p) for p in toy_params()]})
+    k = launcher_from_artifact(art)
+    assert k.params == toy_params() and k.name == "toy_axpy"
+    assert k._function is None                    # nothing loaded until the first call
