@@ -126,9 +126,10 @@ def kernel_params(plan: KernelPlan) -> tuple[Param, ...]:
             shape = {"row": (p.n,), "col": (p.m,), "full": (p.m, p.n)}[inp.kind]
             params.append(Param(inp.name, "tensor", inp.dtype, lead + shape, -1, "input"))
     if plan.scheduler.split_k > 1:
-        dims = [str(plan.scheduler.split_k)] + [str(d) for d in (p.m, p.n)] + ([str(p.batch)] if p.batch else [])
-        params.append(Param("workspace", "workspace", DType.f32, ("W",), -1, "workspace",
-                            workspace_elems="*".join(dims)))
+        # flat f32 partials, (SPLIT_K, L, M, N) row-major: split s of batch l is slice s * L + l
+        batch = p.batch if p.batch is not None else 1
+        elems = f"{plan.scheduler.split_k} * ({batch}) * ({p.m}) * ({p.n})"
+        params.append(Param("workspace", "workspace", DType.f32, (elems,), -1, "workspace", workspace_elems=elems))
     return tuple(params)
 
 
@@ -269,7 +270,7 @@ _KERNEL_BODY = '''
     cA = cute.domain_offset((0, k_residue, 0), cA)
     cB = cute.domain_offset((0, k_residue, 0), cB)
 
-    smem = cutlass.utils.SmemAllocator()
+    smem = cutlass.memory.SmemAllocator()
     sA = smem.allocate_tensor(AB, sA_layout, 1024, swizzle=sA_swizzle)  # (BM, BK, STAGES)
     sB = smem.allocate_tensor(AB, sB_layout, 1024, swizzle=sB_swizzle)  # (BN, BK, STAGES)
 
@@ -351,7 +352,7 @@ _KERNEL_BODY = '''
 '''
 
 _STORE_OUT = '''    tCgC = thr_mma.partition_C(gC)
-    for i in cutlass.range_constexpr(cute.size(acc)):
+    for i in cutlass.range(cute.size(acc), unroll_full=True):
         coord = tCcC[i]
         if cute.elem_less(coord, (num_m, num_n)):
             m = coord[0]
@@ -365,7 +366,7 @@ _STORE_PARTIAL = '''    # split-K: this split's f32 partial goes to workspace sl
     num_l = cute.size(mC, mode=[2])
     gW = cute.local_tile(mW[None, None, split * num_l + l], (TILE_M, TILE_N), (tile_m, tile_n))
     tCgW = thr_mma.partition_C(gW)
-    for i in cutlass.range_constexpr(cute.size(acc)):
+    for i in cutlass.range(cute.size(acc), unroll_full=True):
         if cute.elem_less(tCcC[i], (num_m, num_n)):
             tCgW[i] = acc[i]
 '''
@@ -377,8 +378,6 @@ def _source(plan: KernelPlan, params: tuple[Param, ...]) -> str:
     batched = p.batch is not None
     split = plan.scheduler.split_k > 1
     inputs = tuple(ep.inputs)
-    am, an, _ = plan.mma.atom_layout
-
     # kernel signature: the (M, N, L) views, then the inputs (or the workspace), then static objects
     kparams = ["mA: cute.Tensor", "mB: cute.Tensor", "mC: cute.Tensor"]
     kargs = ["mA", "mB", "mC"]

@@ -1,0 +1,184 @@
+"""SM80 backend on the CPU: plans lower to the right source and params, bad plans are refused, the
+raster is a bijection, and two compiles (sm_80 and sm_90a) produce PTX with exactly the Ampere
+instructions the plan asks for."""
+from __future__ import annotations
+
+import re
+import types
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, strategies as st
+
+from gemmc.backends import emit as emit_any
+from gemmc.backends.sm80 import emit
+from gemmc.backends.sm80.emit import for_hopper
+from gemmc.compiler import lower
+from gemmc.errors import BuildError
+from gemmc.schedule import Schedule
+from gemmc.spec import EpilogueInput, EpilogueOp, GemmSpec, Ref
+from gemmc.types import DType
+
+A, I, C, N = Ref.acc, Ref.input, Ref.const, Ref.node
+
+
+def plan_of(spec: GemmSpec, **sched):
+    _, plan = lower(spec, Schedule(arch="sm_80", **{"tile": (128, 128, 32), **sched}))
+    return plan
+
+
+def mma_count(plan) -> int:
+    """mma.sync instructions in one k-tile of the main loop: each warp covers its share of the tile."""
+    bm, bn, bk = plan.tile
+    am, an, _ = plan.mma.atom_layout
+    return (bm // am // 16) * (bn // an // 8) * (bk // 16)
+
+
+# ---- emit (no compile) ----------------------------------------------------------------------------
+
+LAYOUTS = [("mk", "nk"), ("km", "nk"), ("mk", "kn"), ("km", "kn")]
+
+
+@given(layout=st.sampled_from(LAYOUTS), batched=st.booleans(), dtype=st.sampled_from(["bf16", "f16"]),
+       kinds=st.lists(st.sampled_from(["row", "col", "full", "scalar"]), max_size=3),
+       split_k=st.sampled_from([1, 2, 4]))
+def test_params_follow_storage_shapes(layout, batched, dtype, kinds, split_k):
+    inputs = tuple(EpilogueInput(f"x{i}", kind, "f32" if i % 2 else "bf16") for i, kind in enumerate(kinds))
+    ops = tuple(EpilogueOp("add", (A() if i == 0 else N(i - 1), I(x.name))) for i, x in enumerate(inputs))
+    spec = GemmSpec(dtype=dtype, a_layout=layout[0], b_layout=layout[1], batch="L" if batched else None,
+                    inputs=inputs, epilogue=ops)
+    k = emit(plan_of(spec, split_k=split_k))
+    lead = ("L",) if batched else ()
+    want = [("a", lead + (("M", "K") if layout[0] == "mk" else ("K", "M"))),
+            ("b", lead + (("N", "K") if layout[1] == "nk" else ("K", "N"))),
+            ("out", lead + ("M", "N"))]
+    want += [(x.name, () if x.kind == "scalar" else lead + {"row": ("N",), "col": ("M",), "full": ("M", "N")}[x.kind])
+             for x in inputs]
+    got = [(p.name, tuple(p.shape)) for p in k.params if p.kind != "workspace"]
+    assert got == want
+    assert [p.kind for p in k.params if p.name.startswith("x")] == ["scalar" if x.kind == "scalar" else "tensor"
+                                                                   for x in inputs]
+    ws = [p for p in k.params if p.kind == "workspace"]
+    assert len(ws) == (split_k > 1)
+    if ws:   # f32 partials: split_k x L x M x N
+        elems = eval(ws[0].workspace_elems, {}, {"M": 100, "N": 24, "L": 3})
+        assert elems == split_k * (3 if batched else 1) * 100 * 24
+        assert "splitk_reduce_kernel" in k.source
+    # the host entry takes the params in order, then the stream
+    sig = re.search(rf"def {k.entry}\((.*)\):", k.source).group(1)
+    assert [a.split(":")[0].strip() for a in sig.split(",")] == [p.name for p in k.params] + ["stream"]
+
+
+def test_source_states_every_plan_fact():
+    spec = GemmSpec(a_layout="km", b_layout="kn", dtype="f16", out_dtype="f32")
+    plan = plan_of(spec, tile=(256, 128, 64), raster="n", swizzle=8, stages=3)
+    src = emit(plan).source
+    facts = {"TILE_M, TILE_N, TILE_K": "256, 128, 64", "STAGES": "3", "THREADS": str(plan.threads),
+             "MMA_ATOMS": str(tuple(plan.mma.atom_layout)), "AB": "cutlass.Float16", "OUT": "cutlass.Float32",
+             "A_K_MAJOR": "False", "B_K_MAJOR": "False", "RASTER_M": "False", "GROUP": "8", "SPLIT_K": "1",
+             "A_VEC": str(plan.copy("a").vector_bytes // 2)}
+    for name, value in facts.items():
+        assert re.search(rf"^{re.escape(name)} = {re.escape(value)}\s", src, re.M), name
+    assert plan.threads == 256 and plan.mma.atom_layout == (4, 2, 1)
+    # no Hopper machinery in the source
+    for word in ("wgmma", "tma", "setmaxnreg", "mbarrier", "PipelineTma", "cluster"):
+        assert word not in src.lower().replace("plan.", ""), word
+
+
+def test_compile_arch_defaults_to_sm80_and_can_target_hopper():
+    plan = plan_of(GemmSpec())
+    k = emit(plan)
+    assert (k.arch, k.compile_arch) == ("sm_80", "sm_80")
+    assert emit_any(plan).compile_arch == "sm_80"         # the backends' dispatcher picks this backend
+    assert emit(plan, compile_arch="sm_90a").compile_arch == "sm_90a"
+    h = for_hopper(k)
+    assert (h.compile_arch, h.source) == ("sm_90a", k.source)
+    with pytest.raises(BuildError, match="compile_arch"):
+        emit(plan, compile_arch="sm_70")
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda p: replace(p, arch="sm_90a"), "arch"),
+    (lambda p: replace(p, mma=replace(p.mma, kind="wgmma", inst_shape=(64, 128, 16))), "mma.sync"),
+    (lambda p: replace(p, cluster=(2, 1)), "cluster"),
+    (lambda p: replace(p, mma=replace(p.mma, atom_layout=(4, 2, 1))), "atom layout"),
+    (lambda p: replace(p, pipeline=replace(p.pipeline, stages=1)), "stages"),
+    (lambda p: replace(p, epilogue=replace(p.epilogue, store="tma")), "store"),
+    (lambda p: replace(p, copies=(replace(p.copies[0], kind="tma"),) + p.copies[1:]), "cp_async"),
+    (lambda p: replace(p, copies=(replace(p.copies[0], swizzle_bytes=128),) + p.copies[1:]), "swizzle"),
+])
+def test_bad_plans_are_refused_with_a_fix(change, match):
+    plan = plan_of(GemmSpec())            # 128x128x32: K tile is 64 bytes, so a 128 B swizzle is too wide
+    with pytest.raises(BuildError, match=match):
+        emit(change(plan))
+
+
+def _tile_coord_fn(src: str, raster_m: bool, group: int):
+    """The emitted raster function, run as plain Python on ints."""
+    body = src[src.index("@cute.jit\ndef tile_coord"):]
+    body = body[:body.index("\n\n\n")]
+    ns = {"cute": types.SimpleNamespace(jit=lambda f: f), "RASTER_M": raster_m, "GROUP": group}
+    exec(body, ns)
+    return ns["tile_coord"]
+
+
+@given(tiles_m=st.integers(1, 40), tiles_n=st.integers(1, 40), raster=st.sampled_from(["m", "n"]),
+       group=st.sampled_from([1, 2, 4, 8]))
+def test_raster_covers_every_tile_once_in_groups(tiles_m, tiles_n, raster, group):
+    src = emit(plan_of(GemmSpec())).source
+    coord = _tile_coord_fn(src, raster == "m", group)
+    seq = [coord(i, tiles_m, tiles_n) for i in range(tiles_m * tiles_n)]
+    assert sorted(seq) == [(m, n) for m in range(tiles_m) for n in range(tiles_n)]
+    fast = [c[0] if raster == "m" else c[1] for c in seq]
+    slow = [c[1] if raster == "m" else c[0] for c in seq]
+    # consecutive CTAs stay inside one group of `group` slow-dim tiles
+    assert all(s // group == slow[min(i + 1, len(seq) - 1)] // group or (i + 1) % (group * (tiles_m if raster == "m" else tiles_n)) == 0
+               for i, s in enumerate(slow[:-1]))
+    if group == 1:
+        assert fast[: (tiles_m if raster == "m" else tiles_n)] == list(range(tiles_m if raster == "m" else tiles_n))
+
+
+# ---- compile: PTX (two compiles in CI) -------------------------------------------------------------
+
+def _ptx(emitted):
+    from gemmc.build import compile_with_ptx
+    _, ptx = compile_with_ptx(emitted)
+    return ptx
+
+
+def _assert_ampere_ptx(ptx: str, plan, target: str):
+    assert re.search(rf"^\.target {target}\b", ptx, re.M), f"PTX target is not {target}"
+    assert ptx.count("mma.sync.aligned.m16n8k16") >= mma_count(plan)
+    assert "cp.async.cg.shared.global" in ptx           # 16-byte cp.async (cg needs exactly 16 B)
+    assert "cp.async.commit_group" in ptx
+    # the ring's depth, from the plan: wait until at most stages - 2 groups are in flight
+    assert re.search(rf"cp\.async\.wait_group\s+{plan.pipeline.stages - 2};", ptx)
+    assert "ldmatrix.sync.aligned" in ptx
+    for forbidden in ("wgmma", "setmaxnreg", "cp.async.bulk.tensor", "mbarrier"):
+        assert forbidden not in ptx, forbidden
+
+
+def test_ptx_tn_bf16_sm80():
+    plan = plan_of(GemmSpec(), tile=(128, 128, 32))
+    ptx = _ptx(emit(plan))
+    _assert_ampere_ptx(ptx, plan, "sm_80")
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
+    assert ".trans" not in ptx                                     # both operands K-major
+    assert "bf16" in ptx and ptx.count(".entry") == 1
+
+
+def test_ptx_nn_f16_batched_epilogue_splitk_for_hopper():
+    """All the optional machinery in one compile: M-/N-major operands (ldmatrix.trans), f16, batch,
+    row/full/scalar epilogue inputs with gelu, split-K with the shared reduction kernel; built for sm_90a."""
+    spec = GemmSpec(dtype="f16", a_layout="km", b_layout="kn", batch="L",
+                    inputs=(EpilogueInput("bias", "row", "f16"), EpilogueInput("res", "full", "f32"),
+                            EpilogueInput("alpha", "scalar")),
+                    epilogue=(EpilogueOp("mul", (A(), I("alpha"))), EpilogueOp("add", (N(0), I("bias"))),
+                              EpilogueOp("gelu_tanh", (N(1),)), EpilogueOp("add", (N(2), I("res")))))
+    plan = plan_of(spec, tile=(128, 128, 64), split_k=2)
+    ptx = _ptx(emit(plan, compile_arch="sm_90a"))
+    _assert_ampere_ptx(ptx, plan, "sm_90a")
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    assert "f16.f16.f32" in ptx or "f32.f16.f16.f32" in ptx       # mma.sync f16 inputs, f32 accumulate
+    assert ptx.count(".entry") == 2                                # GEMM + split-K reduction
+    assert re.search(r"tanh|ex2\.approx", ptx)                    # gelu_tanh reached the device code
