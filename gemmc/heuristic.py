@@ -32,7 +32,8 @@ per input element, split-K factor S, batch L, P the SM count (`num_sms`, default
 5. DRAM: bytes = L*(A + B)*reload + L*M*N*(out + full inputs) where, when A and B overflow half the
    L2, `reload` counts the A/B panels each wave touches under the raster order and swizzle (a wave of
    W CTAs covers about W/sw tiles along the raster dim and sw across it).
-   Achieved bandwidth = B_DRAM * min(1, active_CTAs * per-CTA rate / B_DRAM), per-CTA rate =
+   Achieved bandwidth = B_DRAM * min(1, active_CTAs * per-CTA rate / B_DRAM) (active: CTAs with a real
+   tile, at most P_c), per-CTA rate =
    min(2*B_DRAM/P_base, bytes in flight / latency): a handful of CTAs cannot saturate HBM, which is
    what makes split-K pay off for decode shapes (M <= 64) whose few tiles leave SMs idle.
    t_dram = bytes / achieved bandwidth.
@@ -190,7 +191,7 @@ def estimate(s: Schedule, spec: GemmSpec, num_sms: int | None = None, m_hint: in
     dram_bytes = L * (ab + M * N * (spec.out_dtype.bytes + full_bytes))
     in_flight = stages * ab_stage_bytes(s, spec) * (l2_bytes / ((bm + bn) * bk * e))
     per_cta_rate = min(2 * mach.dram_bw / mach.num_sms, in_flight / mach.dram_latency)
-    active = min(units, p_c)
+    active = min(L * tm * tn * s.split_k, p_c)  # CTAs padding the grid to whole clusters load nothing
     bw = mach.dram_bw * min(1.0, active * per_cta_rate / mach.dram_bw)
     t_dram = dram_bytes / bw
 

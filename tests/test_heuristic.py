@@ -1,0 +1,179 @@
+"""The analytic heuristic: known-good picks on H200-class shapes, the model's terms, validity for any shape."""
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gemmc import EpilogueInput, EpilogueOp, GemmSpec, Ref, Schedule, ScheduleError, is_valid
+from gemmc.heuristic import choose_schedule, estimate, problem_dims, rank_schedules, usable_sms
+from gemmc.schedule import enumerate_schedules
+
+
+def spec(m, n, k, **kw):
+    return GemmSpec(m=m, n=n, k=k, **kw)
+
+
+# ---- known facts (H200, bf16) ------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [4096, 8192])
+def test_large_squares_pick_cublas_class_tiles(size):
+    s = choose_schedule(spec(size, size, size), "sm_90a")
+    assert s.tile in ((128, 256, 64), (256, 128, 64))
+    assert s.mode == "cooperative" and s.cluster in ((2, 1), (1, 2)) and s.split_k == 1
+    # the cluster multicasts the operand the wide tile side does not already amortize
+    assert s.cluster == ((2, 1) if s.tile[1] == 256 else (1, 2))
+
+
+@pytest.mark.parametrize("n, k", [(4096, 4096), (11008, 4096), (4096, 11008)])
+def test_decode_llama_shapes_pick_bm64_pingpong_split_k(n, k):
+    s = choose_schedule(spec(16, n, k), "sm_90a")
+    assert s.tile[0] == 64 and s.mode == "pingpong"
+    assert s.tile[1] in (64, 128) and s.tile[2] == 64
+    assert s.split_k > 1
+    assert s.cluster == (1, 1)  # one M tile: nothing worth multicasting
+
+
+@pytest.mark.parametrize("m, n", [(1, 14336), (8, 14336), (32, 12288), (64, 14336)])
+def test_decode_fills_the_machine(m, n):
+    s = choose_schedule(spec(m, n, 4096), "sm_90a")
+    e = estimate(s, spec(m, n, 4096))
+    assert s.tile[0] == 64 and s.mode == "pingpong"
+    assert e.wave_efficiency >= 0.8
+
+
+def test_16_bit_inputs_use_bk64():
+    for shape in [(4096, 4096, 4096), (16, 4096, 4096), (1000, 3000, 512), (512, 512, 16384)]:
+        assert choose_schedule(spec(*shape), "sm_90a").tile[2] == 64
+
+
+def test_split_k_for_small_mn_large_k_and_not_for_big_problems():
+    assert choose_schedule(spec(512, 512, 16384)).split_k > 1
+    assert choose_schedule(spec(8192, 8192, 8192)).split_k == 1
+
+
+def test_tiny_grid_gets_no_cluster():
+    for shape in [(8, 8, 8), (64, 64, 64), (16, 64, 4096)]:
+        assert choose_schedule(spec(*shape)).cluster == (1, 1), shape
+
+
+def test_heavy_epilogue_prefers_pingpong():
+    chain = tuple(EpilogueOp("gelu_erf", (Ref.acc() if i == 0 else Ref.node(i - 1),)) for i in range(8))
+    light = choose_schedule(spec(4096, 4096, 4096))
+    heavy = choose_schedule(spec(4096, 4096, 4096, epilogue=chain))
+    assert light.mode == "cooperative" and heavy.mode == "pingpong"
+
+
+def test_sm80_picks_big_cooperative_tiles_without_clusters():
+    s = choose_schedule(spec(8192, 8192, 8192), "sm_80")
+    assert s.arch == "sm_80" and s.cluster == (1, 1) and s.mode == "cooperative"
+    assert s.tile[:2] in ((128, 256), (256, 128))
+
+
+# ---- the model's terms ---------------------------------------------------------------------------
+
+def test_wave_quantization_numbers():
+    sp = spec(4096, 4096, 4096)
+    e = estimate(Schedule((128, 256, 64), (2, 1)), sp)
+    assert e.units == 32 * 16 and e.waves == 4
+    assert e.wave_efficiency == pytest.approx(512 / (4 * 132))
+    # 129 rows: a second, almost empty row of tiles doubles the waves of a 1-wave problem
+    one = estimate(Schedule((128, 128, 64)), spec(128, 4096, 4096))
+    two = estimate(Schedule((128, 128, 64)), spec(129, 4096, 4096))
+    assert (one.units, one.waves, two.units, two.waves) == (32, 1, 64, 1)
+    assert two.wave_efficiency == pytest.approx(64 / 132)
+    assert estimate(Schedule((128, 128, 64)), sp, num_sms=64).waves == math.ceil(1024 / 64)
+
+
+def test_cluster_usable_sms_and_grid_padding():
+    assert [usable_sms(132, cs) for cs in (1, 2, 4, 8, 16)] == [132, 132, 128, 120, 112]
+    e = estimate(Schedule((128, 128, 64), (2, 1)), spec(128 * 3, 4096, 4096))  # 3 M tiles padded to 4
+    assert e.units == 4 * 32
+
+
+def test_multicast_cuts_l2_bytes_per_cta():
+    sp = spec(8192, 8192, 8192)
+    b = {cl: estimate(Schedule((128, 256, 64), cl), sp).l2_bytes_per_kblock for cl in [(1, 1), (2, 1), (1, 2), (2, 2)]}
+    assert b == {(1, 1): (128 + 256) * 64 * 2, (2, 1): (128 + 128) * 64 * 2, (1, 2): (64 + 256) * 64 * 2,
+                 (2, 2): (64 + 128) * 64 * 2}
+    # rows past the matrix edge are never fetched
+    assert estimate(Schedule((64, 128, 64), mode="pingpong"), spec(16, 4096, 4096)).l2_bytes_per_kblock == \
+        (16 + 128) * 64 * 2
+
+
+def test_bigger_tiles_have_higher_predicted_throughput_when_waves_are_even():
+    sp = spec(8448, 8448, 8192)  # 66x66 tiles of 128x128, 66x33 of 128x256
+    small = estimate(Schedule((128, 128, 64), (2, 1)), sp)
+    big = estimate(Schedule((128, 256, 64), (2, 1)), sp)
+    assert big.t_mainloop / 2 < small.t_mainloop
+
+
+def test_pingpong_overlaps_the_epilogue():
+    chain = tuple(EpilogueOp("silu", (Ref.acc() if i == 0 else Ref.node(i - 1),)) for i in range(4))
+    sp = spec(4096, 4096, 4096, epilogue=chain)
+    pp = estimate(Schedule((128, 128, 64), mode="pingpong"), sp)
+    coop = estimate(Schedule((128, 128, 64), mode="cooperative"), sp)
+    assert pp.t_epilogue == pytest.approx(coop.t_epilogue)
+    assert pp.t_compute == pytest.approx(pp.waves * max(pp.t_mainloop, pp.t_epilogue))
+    assert coop.t_compute == pytest.approx(coop.waves * (coop.t_mainloop + coop.t_epilogue))
+
+
+def test_fewer_stages_cost_time_and_split_k_pays_its_fixup():
+    sp = spec(4096, 4096, 4096)
+    auto = estimate(Schedule((128, 128, 64)), sp)
+    two = estimate(Schedule((128, 128, 64), stages=2), sp)
+    assert two.t_mainloop > auto.t_mainloop
+    no_split = estimate(Schedule((128, 128, 64)), sp)
+    split = estimate(Schedule((128, 128, 64), split_k=2), sp)
+    assert split.units == 2 * no_split.units and split.t_epilogue > no_split.t_epilogue
+
+
+def test_symbolic_dims_use_hints_or_4096():
+    assert problem_dims(spec("M", "N", "K")) == (1, 4096, 4096, 4096)
+    assert problem_dims(spec("M", 1024, "K"), m_hint=16, k_hint=2048) == (1, 16, 1024, 2048)
+    assert choose_schedule(spec("M", 4096, 4096)) == choose_schedule(spec(4096, 4096, 4096))
+    assert choose_schedule(spec("M", 4096, 4096), m_hint=16) == choose_schedule(spec(16, 4096, 4096))
+
+
+def test_ranking_is_sorted_deterministic_and_only_valid():
+    sp = spec(3000, 5000, 2048, inputs=(EpilogueInput("res", "full", "bf16"),),
+              epilogue=(EpilogueOp("add", (Ref.acc(), Ref.input("res"))),))
+    r1 = rank_schedules(sp, "sm_90a")
+    r2 = rank_schedules(sp, "sm_90a")
+    assert r1 == r2
+    assert [s for _, s in r1] and all(is_valid(s, sp) for _, s in r1)
+    assert {s for _, s in r1} == set(enumerate_schedules(sp, "sm_90a"))
+    scores = [sc for sc, _ in r1]
+    assert scores == sorted(scores, reverse=True)
+    assert choose_schedule(sp) == r1[0][1]
+
+
+def test_no_valid_schedule_raises_with_the_violated_limit():
+    with pytest.raises(ScheduleError, match="16-byte alignment"):
+        choose_schedule(spec(4096, 4096, 4095))
+
+
+# ---- any shape: the pick is valid ------------------------------------------------------------------
+
+_EPILOGUES = [
+    ((), ()),
+    ((EpilogueInput("bias", "row"),), (EpilogueOp("add", (Ref.acc(), Ref.input("bias"))),)),
+    ((EpilogueInput("res", "full", "bf16"),),
+     (EpilogueOp("gelu_tanh", (Ref.acc(),)), EpilogueOp("add", (Ref.node(0), Ref.input("res"))))),
+    ((EpilogueInput("s", "scalar"), EpilogueInput("c", "col")),
+     (EpilogueOp("mul", (Ref.acc(), Ref.input("s"))), EpilogueOp("div", (Ref.node(0), Ref.input("c"))),
+      EpilogueOp("silu", (Ref.node(1),)))),
+]
+
+
+@given(m=st.integers(1, 16384), n=st.integers(1, 2048).map(lambda x: 8 * x), k=st.integers(1, 2048).map(lambda x: 8 * x),
+       arch=st.sampled_from(["sm_90a", "sm_80"]), epi=st.sampled_from(range(len(_EPILOGUES))),
+       dtype=st.sampled_from(["bf16", "f16"]), out=st.sampled_from(["bf16", "f16", "f32"]),
+       b_layout=st.sampled_from(["nk", "kn"]))
+def test_heuristic_pick_is_valid_for_any_shape(m, n, k, arch, epi, dtype, out, b_layout):
+    inputs, ops = _EPILOGUES[epi]
+    sp = GemmSpec(m=m, n=n, k=k, dtype=dtype, out_dtype=out, b_layout=b_layout, inputs=inputs, epilogue=ops)
+    s = choose_schedule(sp, arch)
+    assert s.arch == arch and is_valid(s, sp)
+    e = estimate(s, sp)
+    assert 0 < e.wave_efficiency <= 1 and e.time > 0
