@@ -12,3 +12,14 @@ f32 = fp32 = DType.f32
 
 # The DSL (gemmc/dsl.py) and the analytic heuristic (gemmc/heuristic.py).
 from .dsl import Kernel, Scalar, Tensor, clamp, gelu, kernel, relu, sigmoid, silu, tanh  # noqa: F401,E402
+
+
+# `gemmc.compile` and friends (gemmc/compiler.py) load xDSL, so they are imported on first use.
+_COMPILER_NAMES = ("compile", "lower", "CompiledGemm")
+
+
+def __getattr__(name):
+    if name in _COMPILER_NAMES:
+        from . import compiler
+        return getattr(compiler, name)
+    raise AttributeError(f"module 'gemmc' has no attribute {name!r}")

@@ -20,7 +20,7 @@ from .ir.build import spec_to_module
 from .ir.extract import plan_from_module
 from .ir.plan import KernelPlan
 from .passes import PIPELINE, pass_pipeline
-from .schedule import Schedule, default_schedule, require_valid
+from .schedule import Schedule, require_valid
 from .spec import GemmSpec
 from .types import as_arch
 
@@ -47,14 +47,9 @@ def choose_schedule(spec: GemmSpec, schedule: Union[str, Schedule, dict], arch: 
     if schedule not in SCHEDULE_CHOICES:
         raise SpecError(f"schedule={schedule!r}; use 'auto', 'heuristic' or a gemmc.Schedule(...)")
     arch = as_arch(arch or "sm_90a")
-    # "auto" will consult the tuning database first, once one exists; today both use the heuristic.
-    try:
-        from . import heuristic
-    except ImportError:
-        heuristic = None
-    if heuristic is not None and hasattr(heuristic, "choose_schedule"):
-        return heuristic.choose_schedule(spec, arch)
-    return default_schedule(arch)
+    # "auto" will consult the tuning database first, once one exists; until then it is the heuristic.
+    from .heuristic import choose_schedule as heuristic_choice
+    return heuristic_choice(spec, arch)
 
 
 def lower(spec: GemmSpec, schedule: Schedule, arch: Optional[str] = None) -> tuple[dict[str, str], KernelPlan]:
