@@ -206,3 +206,47 @@ def test_two_processes_build_the_same_kernel(tmp_path):
     entries = list((tmp_path / "kernels" / key[:2]).iterdir())
     assert [e.name for e in entries] == [key]
     assert KernelCache(tmp_path).lookup(key) is not None
+
+
+# -- gemmc build (the AOT CLI) on a real GEMM -----------------------------------------------------
+
+GEMM_ARGS = ["--m", "M", "--n", "256", "--k", "256", "--dtype", "bf16", "--arch", "sm_90a",
+             "--tile", "128x128x64", "--cluster", "1x1"]
+
+
+@pytest.mark.slow
+def test_gemmc_build_fills_the_cache_and_a_runtime_process_loads_it(tmp_path, monkeypatch, capsys,
+                                                                    count_compiles):
+    from gemmc.cli import main
+    cache_dir = tmp_path / "aot"
+    ptx_file = tmp_path / "k.ptx"
+    assert main(["build", *GEMM_ARGS, "--cache-dir", str(cache_dir), "--ptx", str(ptx_file)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    key, _schedule, _arch, entry = lines[0].split()
+    assert lines[-1] == f"cache: {cache_dir}"
+    assert Path(entry) == cache_dir / "kernels" / key[:2] / key
+    assert (Path(entry) / "kernel.so").exists()
+    ptx = ptx_file.read_text()
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and ".target sm_90a" in ptx
+    assert len(count_compiles) == 1
+    # again: a cache hit, nothing compiled
+    assert main(["build", *GEMM_ARGS, "--cache-dir", str(cache_dir)]) == 0
+    assert len(count_compiles) == 1
+    # a fresh process resolves the same problem to the same entry without importing cutlass
+    code = f"""
+import sys, gemmc
+from gemmc.compiler import compile
+from gemmc.schedule import default_schedule
+k = compile(gemmc.GemmSpec(m="M", n=256, k=256, dtype="bf16"),
+            schedule=default_schedule("sm_90a").with_(tile=(128, 128, 64), cluster=(1, 1)))
+art = k.artifact
+assert art.key == {key!r}, art.key
+launcher = k.launcher
+bad = [m for m in sys.modules if m == "cutlass" or m.startswith("cutlass.")]
+assert not bad, bad
+print("ok")
+"""
+    env = {**os.environ, "GEMMC_CACHE_DIR": str(cache_dir)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -1,0 +1,69 @@
+"""`gemmc build`: compile GEMM kernels into the kernel cache, on any machine (no GPU needed).
+
+    gemmc build --m 4096 --n 4096 --k 4096 --dtype bf16 --arch sm_90a [--tile 128x256x64 ...]
+                [--cache-dir DIR] [--ptx FILE]
+
+Prints one line per kernel: its cache key and the directory holding kernel.so / kernel.ptx / kernel.py,
+then the cache root. Copy that root to a GPU host (GEMMC_CACHE_DIR) and `gemmc.compile(...)` with the
+same problem and schedule loads the .so from it without compiling.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from .cli import SCHEDULE_FLAGS, _dim, _shape, _stages
+
+
+def register(sub) -> None:
+    p = sub.add_parser("build", help="compile kernels into the cache (works without a GPU)",
+                       description="Build the kernel for a problem and schedule into the kernel cache.")
+    prob = p.add_argument_group("problem")
+    prob.add_argument("--m", type=_dim, default="M", help="int, or a name for a symbolic dim (default M)")
+    prob.add_argument("--n", type=_dim, default="N")
+    prob.add_argument("--k", type=_dim, default="K")
+    prob.add_argument("--batch", type=_dim, default=None, help="leading batch dim L (int or name)")
+    prob.add_argument("--dtype", default="bf16", help="A/B element type: bf16 | f16")
+    prob.add_argument("--out-dtype", default=None, help="output type (default: --dtype)")
+    prob.add_argument("--acc-dtype", default="f32")
+    prob.add_argument("--a-layout", default="mk", choices=("mk", "km"))
+    prob.add_argument("--b-layout", default="nk", choices=("nk", "kn"))
+    prob.add_argument("--name", default="gemm")
+    sch = p.add_argument_group("schedule (any of these gives an explicit schedule; the rest default)")
+    sch.add_argument("--arch", default="sm_90a", help="sm_90a | sm_80")
+    sch.add_argument("--schedule", default="auto", choices=("auto", "heuristic"))
+    sch.add_argument("--tile", type=_shape(3), help="MxNxK, e.g. 128x128x64")
+    sch.add_argument("--cluster", type=_shape(2), help="MxN CTAs, e.g. 2x1")
+    sch.add_argument("--stages", type=_stages, help="int or auto")
+    sch.add_argument("--mode", choices=("cooperative", "pingpong"))
+    sch.add_argument("--raster", choices=("m", "n"))
+    sch.add_argument("--swizzle", type=int)
+    sch.add_argument("--split-k", type=int)
+    out = p.add_argument_group("output")
+    out.add_argument("--cache-dir", default=None, help="cache root (default: $GEMMC_CACHE_DIR or ~/.cache/gemmc)")
+    out.add_argument("--ptx", default=None, metavar="FILE", help="also write the PTX to FILE ('-': stdout)")
+    p.set_defaults(func=run_build)
+
+
+def run_build(args) -> int:
+    if args.cache_dir:
+        os.environ["GEMMC_CACHE_DIR"] = os.path.abspath(os.path.expanduser(args.cache_dir))
+    from .cache import default_cache
+    from .compiler import compile
+    from .schedule import default_schedule
+    from .spec import GemmSpec
+
+    spec = GemmSpec(m=args.m, n=args.n, k=args.k, batch=args.batch, dtype=args.dtype, out_dtype=args.out_dtype,
+                    acc_dtype=args.acc_dtype, a_layout=args.a_layout, b_layout=args.b_layout, name=args.name)
+    knobs = {f: getattr(args, f) for f in SCHEDULE_FLAGS if getattr(args, f) is not None}
+    schedule = default_schedule(args.arch).with_(**knobs) if knobs else args.schedule
+    k = compile(spec, schedule=schedule, arch=args.arch)
+    art = k.artifact
+    print(f"{art.key}  {k.schedule.short()} ({k.arch})  {art.directory}")
+    if args.ptx == "-":
+        sys.stdout.write(art.ptx)
+    elif args.ptx:
+        with open(args.ptx, "w") as f:
+            f.write(art.ptx)
+    print(f"cache: {default_cache().root}")
+    return 0
