@@ -1,0 +1,168 @@
+"""Properties of the one validity predicate (gemmc.schedule.check_schedule) and the schedule space."""
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gemmc import EpilogueInput, EpilogueOp, GemmSpec, Ref, Schedule, ScheduleError, check_schedule, is_valid
+from gemmc.schedule import (ARCH_LIMITS, ScheduleSpace, accumulator_regs, enumerate_schedules, max_stages,
+                            require_valid, resolve_stages, smem_bytes)
+
+SPEC = GemmSpec(m=4096, n=4096, k=4096)
+
+
+def limits(s, spec=SPEC):
+    return {v.limit for v in check_schedule(s, spec)}
+
+
+# ---- one rule at a time ----------------------------------------------------------------------
+
+def test_default_schedules_are_valid():
+    assert check_schedule(Schedule(), SPEC) == []
+    assert check_schedule(Schedule((128, 128, 32), arch="sm_80"), SPEC) == []
+
+
+def test_rejects_shared_memory_overflow():
+    # one 256x256x128 bf16 stage is 128 KiB: two do not fit in 227 KiB
+    assert limits(Schedule((256, 256, 128))) >= {"shared memory"}
+    # explicit stages beyond what fits, with the fix naming the stage count that does
+    s = Schedule((128, 256, 64), stages=8)
+    (v,) = [v for v in check_schedule(s, SPEC) if v.limit == "shared memory"]
+    assert f"stages<={max_stages(s, SPEC)}" in v.fix and "232448" in v.fix
+
+
+def test_rejects_register_overflow():
+    s = Schedule((128, 256, 64), mode="pingpong")  # one warpgroup holds 128x256 f32: 256 regs/thread
+    assert accumulator_regs(s, SPEC) == 256
+    assert "registers" in limits(s)
+    assert "registers" not in limits(s.with_(mode="cooperative"))  # two warpgroups share it: 128 regs
+
+
+def test_rejects_clusters_over_16():
+    assert "cluster size" in limits(Schedule((256, 256, 64), (4, 8)))
+    assert "cluster size" not in limits(Schedule((256, 256, 64), (4, 4)))
+
+
+def test_rejects_multicast_slices_that_are_not_8_row_multiples():
+    assert "multicast slice of A" in limits(Schedule((64, 64, 64), (1, 16), mode="pingpong"))
+    assert "multicast slice of B" in limits(Schedule((128, 64, 64), (16, 1)))
+    assert not {"multicast slice of A", "multicast slice of B"} & limits(Schedule((128, 128, 64), (2, 2)))
+
+
+def test_rejects_sm80_clusters_and_pingpong():
+    assert "cluster" in limits(Schedule((128, 128, 32), (2, 1), arch="sm_80"))
+    assert "mode" in limits(Schedule((128, 128, 32), mode="pingpong", arch="sm_80"))
+
+
+def test_rejects_split_k_beyond_k_tiles():
+    small_k = GemmSpec(m=4096, n=4096, k=128)  # two k-tiles of 64
+    assert "split_k" in limits(Schedule(split_k=4), small_k)
+    assert "split_k" not in limits(Schedule(split_k=2), small_k)
+    assert "split_k" not in limits(Schedule(split_k=4), GemmSpec(m=4096, n=4096, k="K"))  # unknown K: runtime
+
+
+@pytest.mark.parametrize("spec, what", [
+    (GemmSpec(m=4096, n=4096, k=4100), "A's contiguous dim K"),
+    (GemmSpec(m=4100, n=4096, k=4096, a_layout="km"), "A's contiguous dim M"),
+    (GemmSpec(m=4096, n=4100, k=4096, b_layout="kn"), "B's contiguous dim N"),
+    (GemmSpec(m=4096, n=4102, k=4096, out_dtype="f32"), "the output's N"),  # 4102 is not a multiple of 4 f32
+    (GemmSpec(m=4096, n=4102, k=4096, out_dtype="f32", inputs=(EpilogueInput("r", "full", "f32"),),
+              epilogue=(EpilogueOp("add", (Ref.acc(), Ref.input("r"))),)), "input r's N"),
+])
+def test_rejects_16_byte_misaligned_static_dims(spec, what):
+    assert f"16-byte alignment of {what}" in limits(Schedule(), spec)
+    assert "16-byte alignment of A's contiguous dim K" not in limits(Schedule(), GemmSpec(m=4096, n=4096, k="K"))
+
+
+def test_require_valid_raises_every_violation():
+    with pytest.raises(ScheduleError) as info:
+        require_valid(Schedule((256, 256, 128), (4, 8), mode="pingpong"), SPEC)
+    names = {v.limit for v in info.value.violations}
+    assert {"tile M (pingpong)", "cluster size", "registers", "shared memory"} <= names
+    assert "shared memory" in str(info.value) and "cluster size" in str(info.value)
+
+
+# ---- properties ------------------------------------------------------------------------------
+
+_specs = st.builds(
+    GemmSpec,
+    m=st.one_of(st.just("M"), st.integers(1, 2048).map(lambda x: 8 * x)),
+    n=st.one_of(st.just("N"), st.integers(1, 2048).map(lambda x: 8 * x)),
+    k=st.one_of(st.just("K"), st.integers(1, 2048).map(lambda x: 8 * x)),
+    dtype=st.sampled_from(["bf16", "f16"]),
+    out_dtype=st.sampled_from(["bf16", "f16", "f32"]),
+    a_layout=st.sampled_from(["mk", "km"]),
+    b_layout=st.sampled_from(["nk", "kn"]),
+    inputs=st.sampled_from([(), (EpilogueInput("r", "full", "f32"),), (EpilogueInput("r", "full", "bf16"),
+                                                                        EpilogueInput("q", "full", "f32"))]),
+)
+_archs = st.sampled_from(["sm_90a", "sm_80"])
+
+
+@given(spec=_specs, arch=_archs)
+def test_every_enumerated_schedule_is_valid_and_fits(spec, arch):
+    schedules = enumerate_schedules(spec, arch)
+    assert schedules, "the standard space always has a schedule for aligned problems"
+    lim = ARCH_LIMITS[arch]
+    for s in schedules:
+        assert check_schedule(s, spec) == [] and s.arch == arch
+        stages = resolve_stages(s, spec)
+        assert 2 <= stages and smem_bytes(s, spec) <= lim.smem_bytes
+
+
+_schedules = st.builds(
+    Schedule,
+    tile=st.tuples(st.sampled_from([32, 64, 128, 192, 256]), st.sampled_from([16, 32, 64, 96, 128, 192, 256]),
+                   st.sampled_from([16, 32, 64, 128])),
+    cluster=st.tuples(st.sampled_from([1, 2, 3, 4, 8, 16]), st.sampled_from([1, 2, 4, 8, 16])),
+    stages=st.one_of(st.just("auto"), st.integers(1, 10)),
+    mode=st.sampled_from(["cooperative", "pingpong"]),
+    split_k=st.sampled_from([1, 2, 4, 8, 32]),
+    arch=_archs,
+)
+
+
+@given(s=_schedules, spec=_specs)
+def test_valid_schedules_respect_every_resource_limit(s, spec):
+    """Whatever the predicate accepts is within each limit it claims to enforce (checked independently)."""
+    lim = ARCH_LIMITS[s.arch]
+    if not is_valid(s, spec):
+        assert all(v.limit and v.fix for v in check_schedule(s, spec))
+        with pytest.raises(ScheduleError):
+            require_valid(s, spec)
+        return
+    bm, bn, bk = s.tile
+    cm, cn = s.cluster
+    assert smem_bytes(s, spec) <= lim.smem_bytes and resolve_stages(s, spec) >= 2
+    assert cm * cn <= lim.max_cluster
+    if s.arch == "sm_80":
+        assert (cm, cn) == (1, 1) and s.mode == "cooperative"
+    else:
+        assert bm % (8 * cn) == 0 and bn % (8 * cm) == 0
+    threads = 128 if (s.arch == "sm_90a" and s.mode == "pingpong") else (256 if s.arch == "sm_90a" else None)
+    if threads:
+        assert math.ceil(bm * bn / threads) + 64 <= 232
+    if isinstance(spec.k, int):
+        assert math.ceil(spec.k / bk) >= s.split_k
+
+
+@given(s=_schedules, spec=_specs)
+def test_auto_stages_fill_but_never_overflow_shared_memory(s, spec):
+    s = s.with_(stages="auto")
+    lim = ARCH_LIMITS[s.arch]
+    stages = resolve_stages(s, spec)
+    cap = 8 if s.arch == "sm_90a" else 5
+    assert stages == min(cap, max_stages(s, spec))
+    if stages >= 2:
+        assert smem_bytes(s, spec) <= lim.smem_bytes
+        if stages < cap:  # one more stage would not fit
+            assert smem_bytes(s.with_(stages=stages + 1), spec) > lim.smem_bytes
+
+
+def test_space_for_arch_matches_the_predicate():
+    assert ScheduleSpace.for_arch("sm_80").clusters == ((1, 1),)
+    assert all(s.mode == "cooperative" for s in enumerate_schedules(SPEC, "sm_80"))
+    sm90 = enumerate_schedules(SPEC, "sm_90a")
+    assert any(s.mode == "pingpong" and s.tile[0] == 64 for s in sm90)
+    assert not any(s.mode == "pingpong" and s.tile[1] == 256 and s.tile[0] == 128 for s in sm90)  # registers
