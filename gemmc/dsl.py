@@ -35,6 +35,7 @@ import functools
 import inspect
 import linecache
 import math
+import numbers
 import os
 import re
 import sys
@@ -136,6 +137,7 @@ class Value:
     """A symbolic tensor during tracing: a parameter, the accumulator, or an epilogue op's result."""
 
     __slots__ = ("_tracer", "_ref", "_shape", "_param", "_transposed", "_on_acc", "_line")
+    __array_ufunc__ = None  # numpy scalars defer to our reflected ops (np.float32(2) * acc)
 
     def __init__(self, tracer, ref, shape, *, param=None, transposed=False, on_acc=False, line=""):
         self._tracer = tracer
@@ -414,7 +416,7 @@ class _Tracer:
                 raise _error(where, f"transpose of epilogue input {name}: declare it in the (M, N) orientation")
             self.epilogue_uses.setdefault(name, []).append((x._shape, where))
             return Ref.input(name), x._shape, False
-        if isinstance(x, bool) or not isinstance(x, (int, float)):
+        if isinstance(x, bool) or not isinstance(x, numbers.Real):
             raise _error(where, f"operand {x!r} of `{sym}`: use a traced tensor, a gemmc.Scalar parameter or a "
                          "python number")
         if not math.isfinite(float(x)):

@@ -251,6 +251,33 @@ def test_traced_equals_hand_written_batched_clamp():
     assert g.spec == hand
 
 
+def test_traced_kernel_and_spec_lower_to_the_same_ir():
+    from gemmc import compiler
+
+    @gemmc.kernel
+    def k(x: T[("M", 4096), bf16], w: T[(1024, 4096), bf16], bias: T[(1024,), f32], res: T[("M", 1024), bf16]):
+        return gemmc.silu(x @ w.T + bias) * res
+    hand = GemmSpec(m="M", n=1024, k=4096, b_layout="nk",
+                    inputs=(EpilogueInput("bias", "row"), EpilogueInput("res", "full", "bf16")),
+                    epilogue=(EpilogueOp("add", (acc, inp("bias"))), EpilogueOp("silu", (node(0),)),
+                              EpilogueOp("mul", (node(1), inp("res")))), name="k")
+    traced = compiler.compile(k, schedule=gemmc.Schedule(), emit="ir")
+    written = compiler.compile(hand, schedule=gemmc.Schedule(), emit="ir")
+    assert traced.passes == written.passes
+    for after in (None,) + tuple(traced.passes):
+        assert traced.ir(after=after) == written.ir(after=after)
+    assert "gemm.silu" in traced.ir(after=None)
+
+
+def test_numpy_scalars_are_constants():
+    np = pytest.importorskip("numpy")
+
+    @gemmc.kernel
+    def g(a: T[("M", "K"), bf16], b: T[("K", "N"), bf16]):
+        return np.float32(0.5) * (a @ b) + np.float64(2)
+    assert ops(g) == [("mul", (const(0.5), acc), ()), ("add", (node(0), const(2)), ())]
+
+
 # ---- calling the kernel object ---------------------------------------------------------------
 
 def test_call_compiles_once_and_passes_a_b_then_inputs(monkeypatch):
