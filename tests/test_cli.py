@@ -1,0 +1,116 @@
+"""The `gemmc` command: compile (IR after passes, schedules, errors) and opt (xdsl-opt over IR files)."""
+import subprocess
+import sys
+
+import pytest
+
+from gemmc import cli
+from gemmc.passes import PIPELINE
+
+
+def gemmc_cmd(capsys, *argv):
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_compile_print_ir_after_all(capsys):
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "4096", "--n", "4096", "--k", "4096", "--dtype", "bf16",
+                           "--arch", "sm_90a", "--tile", "128x128x64", "--cluster", "2x1", "--mode", "pingpong",
+                           "--print-ir-after-all")
+    assert rc == 0
+    assert out.startswith("// schedule: 128x128x64_c2x1_pp_sauto_rm_sw1_k1 (sm_90a)\n")
+    banners = [line for line in out.splitlines() if line.startswith("// -----// IR")]
+    assert banners == ["// -----// IR input (gemm level) //----- //"] + \
+        [f"// -----// IR after {p} //----- //" for p in PIPELINE]
+    assert "gemm.matmul @gemm(%a, %b) acc f32 -> !gemmc.tensor<4096 x 4096 x bf16, mn>" in out
+    assert "kernel.mma wgmma inst 64x128x16 atoms 1x1x1" in out
+    assert "kernel.copy b tma box 64x64 swizzle 128 multicast 2 along m" in out
+
+
+def test_compile_print_ir_after_one_pass_symbolic_and_sm80(capsys):
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "M", "--n", "4096", "--k", "4096", "--arch", "sm_80",
+                           "--tile", "128x128x32", "--print-ir-after", "tma-cluster-layout")
+    assert rc == 0
+    assert out.count("// -----// IR") == 1
+    assert "!gemmc.tensor<M x 4096 x bf16, mk>" in out
+    assert "kernel.copy a cp_async box 128x32 swizzle 64" in out
+    assert "kernel.pipeline" not in out
+
+
+def test_compile_heuristic_prints_the_final_ir(capsys):
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "8192", "--n", "8192", "--k", "8192", "--schedule", "heuristic",
+                           "--a-layout", "km", "--b-layout", "kn", "--out-dtype", "f32")
+    assert rc == 0
+    assert "// -----// IR" not in out
+    assert "kernel.tile_scheduler" in out and "!gemmc.tensor<8192 x 8192 x f32, mn>" in out
+
+
+def test_compile_emit_source(capsys):
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "4096", "--n", "4096", "--k", "4096", "--emit", "source")
+    assert rc == 0 and "import cutlass" in out
+
+
+def test_compile_invalid_schedule_names_the_limit(capsys):
+    rc, out, err = gemmc_cmd(capsys, "compile", "--m", "4096", "--n", "4096", "--k", "4096",
+                             "--tile", "128x256x64", "--mode", "pingpong")
+    assert rc == 1 and out == ""
+    assert "gemmc compile: error: invalid schedule" in err and "registers" in err and "mode='cooperative'" in err
+
+
+def test_compile_unknown_pass(capsys):
+    rc, _, err = gemmc_cmd(capsys, "compile", "--print-ir-after", "fuse-everything")
+    assert rc == 1 and "no such pass" in err
+
+
+def test_compile_bad_tile_syntax(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["compile", "--tile", "128x128"])
+    assert "expected 3 sizes" in capsys.readouterr().err
+
+
+@pytest.fixture
+def gemm_ir(tmp_path, capsys):
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "512", "--n", "512", "--k", "512", "--cluster", "1x2",
+                           "--print-ir-after", "input")
+    path = tmp_path / "gemm.mlir"
+    path.write_text(out.split("//----- //\n", 1)[1])
+    return path
+
+
+def test_opt_runs_named_passes(gemm_ir, capsys):
+    rc, out, _ = gemmc_cmd(capsys, "opt", str(gemm_ir), "-p", "assign-warpgroup-roles,tma-cluster-layout")
+    assert rc == 0
+    assert "kernel.copy a tma box 64x64 swizzle 128 multicast 2 along n" in out
+    assert "kernel.pipeline" not in out
+    rc, again, _ = gemmc_cmd(capsys, "opt", str(gemm_ir), "-p", ",".join(PIPELINE))
+    assert "kernel.pipeline stages" in again
+
+
+def test_opt_reports_pass_errors(gemm_ir, tmp_path, capsys):
+    rc, _, err = gemmc_cmd(capsys, "opt", str(gemm_ir), "-p", "pipeline-staging")
+    assert rc == 1 and "run assign-warpgroup-roles first" in err
+    bad = tmp_path / "bad.mlir"
+    bad.write_text(gemm_ir.read_text().replace("cluster = 1x2", "cluster = 8x4"))
+    rc, _, err = gemmc_cmd(capsys, "opt", str(bad), "-p", "verify-resources")
+    assert rc == 1 and "cluster size: got 32; at most 16 CTAs per cluster" in err
+
+
+def test_subcommand_registry(monkeypatch):
+    import types
+    fake = types.ModuleType("fake_sub")
+
+    def register(sub):
+        sub.add_parser("hello").set_defaults(func=lambda args: 7)
+    fake.register = register
+    monkeypatch.setitem(sys.modules, "fake_sub", fake)
+    monkeypatch.setitem(cli.SUBCOMMANDS, "hello", "fake_sub")
+    monkeypatch.setitem(cli.SUBCOMMANDS, "broken", "no.such.module")
+    assert cli.main(["hello"]) == 7
+
+
+def test_python_dash_m_gemmc():
+    proc = subprocess.run([sys.executable, "-m", "gemmc", "compile", "--m", "256", "--n", "256", "--k", "256",
+                           "--tile", "128x128x64"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "kernel.gemm @gemm" in proc.stdout
