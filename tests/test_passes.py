@@ -39,7 +39,9 @@ def test_pipeline_order():
 
 def test_roles_sm90_cooperative():
     check(run(SQUARE, Schedule(tile=(128, 256, 64)), ["assign-warpgroup-roles"]), """
-        %out = kernel.gemm @gemm(%a, %b) acc f32 -> !gemmc.tensor<4096 x 4096 x bf16, mn> arch sm_90a tile 128x256x64 mode cooperative threads 384
+        %out = kernel.gemm @gemm(%a, %b) acc f32 -> !gemmc.tensor<4096 x 4096 x bf16, mn>
+            arch sm_90a tile 128x256x64 mode cooperative threads 384
+            schedule #gemmc.schedule<tile = 128x256x64, cluster = 1x1, stages = auto, mode = cooperative, raster = m, swizzle = 1, split_k = 1, arch = sm_90a> {
         kernel.warpgroup producer index 0 regs 40 warps 4
         kernel.warpgroup consumer index 1 regs 232 warps 4
         kernel.warpgroup consumer index 2 regs 232 warps 4
@@ -66,8 +68,8 @@ def test_roles_sm90_pingpong_each_consumer_owns_a_tile():
                                               ((128, 256, 32), 8, "2x4x1")])
 def test_roles_sm80_uniform_warps(tile, warps, atoms):
     text = run(SQUARE, Schedule(tile=tile, arch="sm_80"), ["assign-warpgroup-roles"])
-    check(text, f"arch sm_80 tile {'x'.join(map(str, tile))}x32"[:0] + f"""
-        mode multistage threads {32 * warps}
+    check(text, f"""
+        arch sm_80 tile {tile[0]}x{tile[1]}x{tile[2]} mode multistage threads {32 * warps}
         kernel.warpgroup uniform index 0 regs 0 warps 4
         kernel.mma mma.sync inst 16x8x16 atoms {atoms}
     """)

@@ -411,8 +411,9 @@ class MatmulOp(IRDLOperation, GemmSignature):
     def print(self, printer: Printer) -> None:
         self.print_signature(printer)
         if self.schedule is not None:
-            printer.print_string(" schedule ")
-            printer.print_attribute(self.schedule)
+            with printer.indented(2):
+                printer.print_string("\nschedule ")
+                printer.print_attribute(self.schedule)
         printer.print_string(" epilogue ")
         printer.print_region(self.epilogue)
 

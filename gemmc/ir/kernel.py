@@ -415,10 +415,11 @@ class KernelGemmOp(IRDLOperation, GemmSignature):
 
     def print(self, printer: Printer) -> None:
         self.print_signature(printer)
-        printer.print_string(f" arch {self.arch.data} tile ")
-        print_shape(printer, ints_value(self.tile))
-        printer.print_string(f" mode {self.mode.data} threads {self.threads.data} schedule ")
-        printer.print_attribute(self.schedule)
+        with printer.indented(2):   # continuation lines keep the header readable
+            printer.print_string(f"\narch {self.arch.data} tile ")
+            print_shape(printer, ints_value(self.tile))
+            printer.print_string(f" mode {self.mode.data} threads {self.threads.data}\nschedule ")
+            printer.print_attribute(self.schedule)
         printer.print_string(" ")
         printer.print_region(self.body)
 
