@@ -203,7 +203,12 @@ def key_material(emitted: EmittedKernel) -> str:
 
 
 def emitted_key(emitted: EmittedKernel, material: Optional[str] = None) -> str:
-    return cache_key(material if material is not None else key_material(emitted), emitted.arch)
+    """Cache key. With `material` (the lowered IR text) the emitted source's digest is still mixed in:
+    while a backend is being changed gemmc's version stays put, and a stale .so must not be served."""
+    if material is None:
+        return cache_key(key_material(emitted), emitted.arch)
+    return cache_key(json.dumps({"ir": material, "emitted": hashlib.sha256(key_material(emitted).encode())
+                                 .hexdigest()}, sort_keys=True), emitted.arch)
 
 
 def param_to_dict(p: Param) -> dict:

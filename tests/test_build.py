@@ -81,6 +81,9 @@ def test_key_follows_source_params_arch_and_material():
     assert gb.emitted_key(toy_emitted(n=128)) != base
     assert gb.emitted_key(toy_emitted(arch="sm_80")) != base
     assert gb.emitted_key(toy_emitted(), material="lowered ir") != base
+    # the same IR with a changed backend output is a different kernel
+    assert gb.emitted_key(toy_emitted(tag="v2"), material="lowered ir") != gb.emitted_key(
+        toy_emitted(), material="lowered ir")
 
 
 def test_corrupt_so_is_rebuilt(tmp_path, count_compiles):
