@@ -130,7 +130,6 @@ def _fmt_shape(shape) -> str:
 
 _REDUCTIONS = ("sum", "mean", "max", "min", "amax", "amin", "prod", "norm", "argmax", "argmin", "std", "var",
                "logsumexp", "softmax", "log_softmax", "cumsum", "cumprod", "any", "all")
-_COMPARE = {"__lt__": "<", "__le__": "<=", "__gt__": ">", "__ge__": ">=", "__eq__": "==", "__ne__": "!="}
 
 
 class Value:

@@ -470,6 +470,13 @@ def test_error_reserved_input_name():
     expect_error(g, "'b'", "reserved", "rename")
 
 
+def test_error_vector_used_as_row_and_column():
+    def g(a: T[(64, 32), bf16], b: T[(32, 64), bf16], v: T[(64,), f32]):
+        y = (a @ b) + v
+        return y * v[:, None]  # error here
+    expect_error(g, "parameter v is used as both col and row")
+
+
 def test_error_full_input_without_batch_dim():
     def g(a: T[("L", "M", "K"), bf16], b: T[("L", "K", "N"), bf16], res: T[("M", "N"), bf16]):
         return (a @ b) + res  # error here

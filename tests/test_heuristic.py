@@ -85,6 +85,12 @@ def test_wave_quantization_numbers():
     assert estimate(Schedule((128, 128, 64)), sp, num_sms=64).waves == math.ceil(1024 / 64)
 
 
+def test_batch_multiplies_the_work_units():
+    one = estimate(Schedule((128, 128, 64)), spec(1024, 1024, 1024))
+    eight = estimate(Schedule((128, 128, 64)), spec(1024, 1024, 1024, batch=8))
+    assert (one.units, eight.units, eight.waves) == (64, 512, math.ceil(512 / 132))
+
+
 def test_cluster_usable_sms_and_grid_padding():
     assert [usable_sms(132, cs) for cs in (1, 2, 4, 8, 16)] == [132, 132, 128, 120, 112]
     e = estimate(Schedule((128, 128, 64), (2, 1)), spec(128 * 3, 4096, 4096))  # 3 M tiles padded to 4
