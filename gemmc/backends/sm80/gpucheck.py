@@ -1,0 +1,159 @@
+"""Running SM80 kernels on a GPU host for tests and scripts: build one for Hopper, make inputs, and the
+fp32 torch reference of the spec (matmul of the upcast inputs, then the epilogue DAG in f32).
+
+Nothing here runs at import time; torch and the DSL are imported inside the functions.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ...schedule import Schedule
+from ...spec import EpilogueInput, EpilogueOp, GemmSpec, Ref
+
+A, I, C, N = Ref.acc, Ref.input, Ref.const, Ref.node
+S = lambda tile, **kw: Schedule(tile=tile, arch="sm_80", **kw)  # noqa: E731
+
+EPI_BIAS_GELU_RES = dict(
+    inputs=(EpilogueInput("bias", "row", "bf16"), EpilogueInput("res", "full", "bf16"), EpilogueInput("alpha", "scalar")),
+    epilogue=(EpilogueOp("mul", (A(), I("alpha"))), EpilogueOp("add", (N(0), I("bias"))),
+              EpilogueOp("gelu_tanh", (N(1),)), EpilogueOp("add", (N(2), I("res")))))
+EPI_COL_SILU_CLAMP = dict(
+    inputs=(EpilogueInput("scale", "col", "f32"),),
+    epilogue=(EpilogueOp("mul", (A(), I("scale"))), EpilogueOp("silu", (N(0),)),
+              EpilogueOp("clamp", (N(1),), (("min", -2.0), ("max", 3.0)))))
+EPI_ACTS = dict(
+    inputs=(EpilogueInput("bias", "row", "f32"),),
+    epilogue=(EpilogueOp("sub", (A(), I("bias"))), EpilogueOp("relu", (N(0),)), EpilogueOp("sigmoid", (A(),)),
+              EpilogueOp("add", (N(1), N(2))), EpilogueOp("tanh", (A(),)), EpilogueOp("gelu_erf", (N(4),)),
+              EpilogueOp("div", (N(3), C(2.0))), EpilogueOp("add", (N(6), N(5))),
+              EpilogueOp("cast", (N(7),), (("dtype", "f16"),))))
+
+# name -> (spec kwargs, schedule); every layout, both dtypes, batch, each epilogue op, split-K, raster
+CHECK_VARIANTS = {
+    "tn_bf16": ({}, S((128, 128, 32))),
+    "nn_bf16_256x128": (dict(a_layout="km", b_layout="kn"), S((256, 128, 32), raster="n", swizzle=4)),
+    "tt_f16_64x128": (dict(dtype="f16", b_layout="kn"), S((64, 128, 64))),
+    "nt_bf16_batched": (dict(a_layout="km", batch="L"), S((128, 64, 64), swizzle=8)),
+    "tn_out_f32": (dict(out_dtype="f32"), S((128, 256, 32))),
+    "tn_bias_gelu_res": (EPI_BIAS_GELU_RES, S((128, 128, 32))),
+    "nn_col_silu_batched": (dict(a_layout="km", b_layout="kn", batch="L", **EPI_COL_SILU_CLAMP), S((128, 128, 32))),
+    "tn_acts": (EPI_ACTS, S((64, 64, 32))),
+    "tn_splitk3": ({}, S((128, 128, 32), split_k=3)),
+    "tt_splitk2_epi_batched": (dict(b_layout="kn", batch="L", **EPI_BIAS_GELU_RES), S((128, 128, 64), split_k=2)),
+}
+
+
+@lru_cache(maxsize=None)
+def hopper_launcher(spec: GemmSpec, schedule: Schedule):
+    """(plan, emitted kernel, runtime Launcher) of the SM80 kernel for `spec`, compiled for sm_90a in
+    this process. Symbolic dims: one build serves every shape."""
+    from ...build import jit_callable
+    from ...compiler import lower
+    from .emit import emit
+    _, plan = lower(spec, schedule.with_(arch="sm_80"))
+    emitted = emit(plan, compile_arch="sm_90a")
+    return plan, emitted, jit_callable(emitted)
+
+
+def make_inputs(spec: GemmSpec, m: int, n: int, k: int, batch: int, device, generator):
+    """randn A, B (storage shapes of the spec's layouts) and the epilogue inputs in spec order
+    (tensors get a leading batch dim when the spec is batched; scalars are Python floats)."""
+    import torch
+    from ...types import torch_dtype
+    lead = (batch,) if spec.batch is not None else ()
+    dt = torch_dtype(spec.dtype)
+
+    def randn(shape, dtype):
+        return torch.randn(shape, device=device, dtype=torch.float32, generator=generator).to(dtype)
+
+    a = randn(lead + ((m, k) if spec.a_layout == "mk" else (k, m)), dt)
+    b = randn(lead + ((n, k) if spec.b_layout == "nk" else (k, n)), dt)
+    extra = []
+    for i, inp in enumerate(spec.inputs):
+        if inp.kind == "scalar":
+            extra.append(0.5 + 0.25 * i)
+        else:
+            shape = {"row": (n,), "col": (m,), "full": (m, n)}[inp.kind]
+            extra.append(randn(lead + shape, torch_dtype(inp.dtype)))
+    return a, b, extra
+
+
+def torch_reference(spec: GemmSpec, a, b, extra):
+    """out = epilogue(A @ B) in fp32 from the upcast inputs, shaped (L?, M, N)."""
+    import torch
+    import torch.nn.functional as F
+    from ...types import torch_dtype
+
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        a32 = a.float() if spec.a_layout == "mk" else a.float().transpose(-2, -1)   # (.., M, K)
+        b32 = b.float().transpose(-2, -1) if spec.b_layout == "nk" else b.float()   # (.., K, N)
+        acc = torch.matmul(a32, b32)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+    values = {}
+    for inp, x in zip(spec.inputs, extra):
+        if inp.kind == "scalar":
+            values[inp.name] = float(x)
+        elif inp.kind == "row":                    # (.., N) broadcast over rows
+            values[inp.name] = x.float().unsqueeze(-2)
+        elif inp.kind == "col":                    # (.., M) broadcast over columns
+            values[inp.name] = x.float().unsqueeze(-1)
+        else:
+            values[inp.name] = x.float()
+    nodes = []
+
+    def get(r):
+        if r.kind == "acc":
+            return acc
+        if r.kind == "input":
+            return values[r.value]
+        if r.kind == "const":
+            return float(r.value)
+        return nodes[int(r.value)]
+
+    unary = {
+        "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "silu": F.silu,
+        "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu_erf": lambda x: F.gelu(x),
+    }
+    for op in spec.epilogue:
+        x = get(op.args[0])
+        if op.op in ("add", "sub", "mul", "div"):
+            y = get(op.args[1])
+            r = {"add": lambda: x + y, "sub": lambda: x - y, "mul": lambda: x * y, "div": lambda: x / y}[op.op]()
+            if not isinstance(r, torch.Tensor):
+                r = torch.full_like(acc, r)
+        elif op.op == "clamp":
+            r = torch.clamp(x, min=op.attr("min"), max=op.attr("max"))
+        elif op.op == "cast":
+            r = x.to(torch_dtype(op.attr("dtype"))).float()
+        else:
+            r = unary[op.op](x)
+        nodes.append(r)
+    return nodes[-1] if nodes else acc
+
+
+def rel_frobenius(out, ref) -> float:
+    """||out - ref||_F / ||ref||_F; inf when `out` holds a non-finite value (e.g. an unwritten NaN)."""
+    import torch
+    o = out.float()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    denom = torch.linalg.vector_norm(ref).item()
+    num = torch.linalg.vector_norm(o - ref).item()
+    return num / denom if denom else (0.0 if num == 0 else float("inf"))
+
+
+def run_checked(spec: GemmSpec, launcher, m: int, n: int, k: int, batch: int, device, seed: int = 0) -> float:
+    """Launch into a NaN-filled output and return the relative Frobenius error against the reference."""
+    import torch
+    from ...types import torch_dtype
+    gen = torch.Generator(device=device).manual_seed(seed)
+    a, b, extra = make_inputs(spec, m, n, k, batch, device, gen)
+    lead = (batch,) if spec.batch is not None else ()
+    out = torch.full(lead + (m, n), float("nan"), device=device, dtype=torch_dtype(spec.out_dtype))
+    launcher(a, b, *extra, out=out)
+    torch.cuda.synchronize()
+    return rel_frobenius(out, torch_reference(spec, a, b, extra))
