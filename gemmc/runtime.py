@@ -313,12 +313,14 @@ class Launcher:
         return t.permute([order.index(i) for i in range(c.rank)])
 
     def workspace(self, index: int, elems: int, device):
-        """A zero-initialised scratch tensor of at least `elems` elements, cached per (param, device).
+        """A zero-initialised scratch tensor of at least `elems` elements, cached per (param, device, stream).
 
-        Kernels must leave the workspace as they found it (flags reset) since it is reused across calls.
+        Per stream, so kernels running concurrently on two streams never share scratch; calls on one
+        stream are ordered, so reuse is safe. Kernels must leave it as they found it (flags reset).
         """
         import torch
-        key = (index, device)
+        stream = torch._C._cuda_getCurrentRawStream(device.index or 0) if device.type == "cuda" else 0
+        key = (index, device, stream)
         views = self._workspace_buffers.get(key)
         if views is not None:
             v = views.get(elems)

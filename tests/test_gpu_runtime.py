@@ -167,6 +167,20 @@ def test_capture_with_a_fresh_launcher_allocates_its_workspace_in_the_graph(aot)
     assert k._workspace_buffers == {}                 # the capture-time buffer was not kept for eager use
 
 
+def test_workspace_is_per_stream(toy):
+    x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(s1):
+        z1 = toy(x, x, 1.0)
+    with torch.cuda.stream(s2):
+        z2 = toy(x, x, 2.0)
+    torch.cuda.synchronize()
+    assert torch.equal(z1, ref(x, x, 1.0)) and torch.equal(z2, ref(x, x, 2.0))
+    bufs = {key[2]: views[None].data_ptr() for key, views in toy._workspace_buffers.items()}
+    assert s1.cuda_stream in bufs and s2.cuda_stream in bufs
+    assert bufs[s1.cuda_stream] != bufs[s2.cuda_stream]
+
+
 def test_jit_callable_runs_in_process():
     from gemmc.build import jit_callable
     from toy_kernel import toy_emitted
