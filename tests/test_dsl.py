@@ -522,7 +522,7 @@ def test_error_same_param_both_operands_and_matmul_of_scalar():
     expect_error(h, "scalar")
 
 
-# ---- fuzz: random epilogue chains trace back to exactly the ops they spell --------------------
+# ---- fuzz: random epilogue chains (and DAGs) trace back to exactly the ops they spell --------------------
 
 _OPERANDS = {  # name -> (source text, EpilogueInput)
     "s": ("s", EpilogueInput("s", "scalar", DType.f32)),
@@ -538,8 +538,8 @@ _UNARY_SRC = {"relu": "gemmc.relu({})", "silu": "gemmc.silu({})", "sigmoid": "ge
 _BIN = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 
 _binary_step = st.tuples(st.just("bin"), st.sampled_from(sorted(_BIN)),
-                         st.sampled_from(["const"] + sorted(_OPERANDS)), st.booleans(),
-                         st.floats(-8, 8, allow_nan=False, allow_infinity=False))
+                         st.sampled_from(["const", "earlier"] + sorted(_OPERANDS)), st.booleans(),
+                         st.floats(-8, 8, allow_nan=False, allow_infinity=False), st.integers(0, 64))
 _unary_step = st.tuples(st.just("un"), st.sampled_from(sorted(_UNARY_SRC)))
 _clamp_step = st.tuples(st.just("clamp"), st.one_of(st.none(), st.floats(-4, 0)), st.one_of(st.none(), st.floats(0, 4))
                         ).filter(lambda t: t[1] is not None or t[2] is not None)
@@ -549,13 +549,16 @@ _steps = st.lists(st.one_of(_binary_step, _unary_step, _clamp_step, _cast_step),
 
 @given(steps=_steps, layout=st.sampled_from(["a @ b", "a @ b.T"]))
 def test_fuzz_epilogue_chains_trace_exactly(steps, layout):
-    body, expected, used = [], [], []
+    body, expected, used = ["v0 = y"], [], []  # v{i}: the value after step i (v0: the accumulator)
     cur = Ref.acc()
     for step in steps:
         if step[0] == "bin":
-            _, op, what, reflected, c = step
+            _, op, what, reflected, c, pick = step
             if what == "const":
                 text, ref = repr(c), Ref.const(c)
+            elif what == "earlier":  # reuse an earlier value: the epilogue is a DAG, not only a chain
+                j = pick % (len(expected) + 1)
+                text, ref = f"v{j}", (Ref.acc() if j == 0 else Ref.node(j - 1))
             else:
                 text, ref = _OPERANDS[what][0], Ref.input(what)
                 used.append(what)
@@ -576,6 +579,7 @@ def test_fuzz_epilogue_chains_trace_exactly(steps, layout):
             body.append(f"y = y.to(gemmc.{step[1]})")
             expected.append(EpilogueOp("cast", (cur,), (("dtype", DType(step[1])),)))
         cur = Ref.node(len(expected) - 1)
+        body.append(f"v{len(expected)} = y")
     out_dtype = DType.bf16
     if expected and expected[-1].op == "cast":  # a trailing cast is the output dtype
         out_dtype = expected.pop().attr("dtype")
