@@ -119,6 +119,15 @@ class _TensorCheck:
         self.shape_text = "(" + ", ".join(str(d) for d in p.shape) + ")"
 
 
+def _current_raw_stream(device) -> int:
+    """torch's current CUDA stream handle for `device` (the cheap private accessor when it exists)."""
+    import torch
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 def _dtype_name(torch_dtype) -> str:
     return str(torch_dtype).replace("torch.", "")
 
@@ -319,7 +328,7 @@ class Launcher:
         stream are ordered, so reuse is safe. Kernels must leave it as they found it (flags reset).
         """
         import torch
-        stream = torch._C._cuda_getCurrentRawStream(device.index or 0) if device.type == "cuda" else 0
+        stream = _current_raw_stream(device) if device.type == "cuda" else 0
         key = (index, device, stream)
         views = self._workspace_buffers.get(key)
         if views is not None:
