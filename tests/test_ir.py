@@ -260,3 +260,8 @@ def test_every_enumerated_schedule_lowers_and_round_trips():
         for s in enumerate_schedules(spec, arch)[::7]:
             text = lowered_text(spec, s)
             assert print_module(parse_module(text)) == text
+
+
+def test_epilogue_ops_live_in_an_epilogue_region():
+    with pytest.raises(VerifyException, match="gemm.const must be inside an epilogue region"):
+        parse_module("builtin.module {\n  %c = gemm.const 1.0\n}\n")

@@ -4,7 +4,7 @@
 problem back from a gemm.matmul or kernel.gemm (the passes use it to call gemmc.schedule)."""
 from __future__ import annotations
 
-from xdsl.dialects.builtin import ModuleOp, StringAttr, f32
+from xdsl.dialects.builtin import ModuleOp, f32
 from xdsl.ir import Block, Region, SSAValue
 
 from ..errors import SpecError

@@ -17,10 +17,8 @@ The epilogue region has one f32 block argument for the accumulator, then one per
 from __future__ import annotations
 
 import math
-from typing import ClassVar
-
-from xdsl.dialects.builtin import ArrayAttr, FloatData, StringAttr, SymbolRefAttr, f32
-from xdsl.ir import Attribute, Block, Dialect, Operation, Region, SSAValue
+from xdsl.dialects.builtin import FloatData, StringAttr, f32
+from xdsl.ir import Block, Dialect, Operation, Region, SSAValue
 from xdsl.irdl import (IRDLOperation, irdl_op_definition, operand_def, opt_prop_def, prop_def, region_def,
                        result_def, traits_def, var_operand_def)
 from xdsl.parser import Parser, UnresolvedOperand
@@ -30,7 +28,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from ..spec import BINARY_OPS, INPUT_KINDS, OUTPUT_DTYPES
 from ..types import ACC_DTYPES, DType
-from .attrs import ScheduleAttr, TensorType, parse_word, print_word
+from .attrs import ScheduleAttr, TensorType
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -74,6 +72,17 @@ def arg_name(value: SSAValue) -> str:
     return value.name_hint or "?"
 
 
+EPILOGUE_HOLDERS = ("gemm.matmul", "kernel.epilogue")
+
+
+def verify_in_epilogue(op: Operation) -> None:
+    """Epilogue ops only make sense inside an epilogue region (of gemm.matmul or kernel.epilogue)."""
+    parent = op.parent_op()
+    if parent is not None and parent.name not in EPILOGUE_HOLDERS:
+        raise VerifyException(f"{op.name} must be inside an epilogue region (gemm.matmul or kernel.epilogue), "
+                              f"not in {parent.name}")
+
+
 # ---- operands ------------------------------------------------------------------------------
 
 @irdl_op_definition
@@ -114,6 +123,9 @@ class _ElementwiseOp(IRDLOperation):
     """Base of the epilogue ops: f32 in, f32 out; printed `%r = gemm.<op> %x[, %y] <attrs>`."""
     result = result_def(f32)
     traits = traits_def(Pure())
+
+    def verify_(self) -> None:
+        verify_in_epilogue(self)
 
     def print(self, printer: Printer) -> None:
         printer.print_string(" ")
@@ -214,6 +226,7 @@ class ClampOp(_ElementwiseOp):
         super().__init__(operands=[input], result_types=[f32], properties=props)
 
     def verify_(self) -> None:
+        verify_in_epilogue(self)
         if self.min is None and self.max is None:
             raise VerifyException("gemm.clamp needs min, max or both")
         if self.min is not None and self.max is not None and self.min.data > self.max.data:
@@ -246,6 +259,7 @@ class CastOp(_ElementwiseOp):
         super().__init__(operands=[input], result_types=[f32], properties={"dtype": StringAttr(str(dtype))})
 
     def verify_(self) -> None:
+        verify_in_epilogue(self)
         if self.dtype.data not in {d.value for d in OUTPUT_DTYPES}:
             raise VerifyException(f"gemm.cast to {self.dtype.data}: use bf16, f16 or f32")
 
@@ -269,6 +283,9 @@ class ConstOp(IRDLOperation):
     def __init__(self, value: float):
         super().__init__(properties={"value": FloatData(float(value))}, result_types=[f32])
 
+    def verify_(self) -> None:
+        verify_in_epilogue(self)
+
     def print(self, printer: Printer) -> None:
         printer.print_string(" ")
         print_number(printer, self.value.data)
@@ -287,6 +304,9 @@ class YieldOp(IRDLOperation):
 
     def __init__(self, value: SSAValue | Operation):
         super().__init__(operands=[value])
+
+    def verify_(self) -> None:
+        verify_in_epilogue(self)
 
     def print(self, printer: Printer) -> None:
         printer.print_string(" ")

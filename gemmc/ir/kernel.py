@@ -36,7 +36,7 @@ from xdsl.utils.exceptions import VerifyException
 from ..types import ARCHS
 from .attrs import (ScheduleAttr, TensorType, ints_attr, ints_value, parse_shape, parse_word, print_shape,
                     print_word)
-from .gemm import GemmSignature, verify_epilogue_region
+from .gemm import GemmSignature, arg_name
 
 _REQUIRED = object()
 
@@ -408,7 +408,7 @@ class KernelGemmOp(IRDLOperation, GemmSignature):
             if threads != self.threads.data:
                 raise VerifyException(f"kernel.gemm: threads {self.threads.data} but the warpgroups have {threads}")
         for copy in self.ops_of(CopyOp):
-            names = {"a", "b", "c"} | {arg_name_of(x) for x in self.inputs}
+            names = {"a", "b", "c"} | {arg_name(x) for x in self.inputs}
             if copy.get("operand") not in names:
                 raise VerifyException(f"kernel.copy: unknown operand {copy.get('operand')!r}; "
                                       f"use one of {sorted(names)}")
@@ -439,11 +439,6 @@ class KernelGemmOp(IRDLOperation, GemmSignature):
         body = parser.parse_region()
         return cls(sig["name"], sig["a"], sig["b"], sig["inputs"], sig["out_type"], sig["acc_dtype"], arch, tile,
                    mode, threads, schedule, body)
-
-
-def arg_name_of(value: SSAValue) -> str:
-    from .gemm import arg_name
-    return arg_name(value)
 
 
 Kernel = Dialect("kernel", [KernelGemmOp, WarpGroupOp, MmaOp, ClusterOp, CopyOp, PipelineOp, TileSchedulerOp,
