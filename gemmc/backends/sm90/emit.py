@@ -128,8 +128,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         B_DTYPE = $b_dtype                      # problem: b dtype
         ACC_DTYPE = $acc_dtype                  # problem: accumulator dtype
         STORE_DTYPE = $store_dtype              # epilogue store path dtype (f32 partials under split-K)
-        A_MAJOR = warpgroup.OperandMajorMode.$a_major   # problem: a_major = "$a_major_s"
-        B_MAJOR = warpgroup.OperandMajorMode.$b_major   # problem: b_major = "$b_major_s"
+        A_MAJOR = cute.nvgpu.OperandMajorMode.$a_major   # problem: a_major = "$a_major_s"
+        B_MAJOR = cute.nvgpu.OperandMajorMode.$b_major   # problem: b_major = "$b_major_s"
         TILE_MNK = ($bm, $bn, $bk)              # tile
         CLUSTER_MN = ($cm, $cn)                 # cluster shape
         A_MULTICAST = $a_mc                     # tma-cluster-layout: A multicast along the cluster's N extent
@@ -192,6 +192,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         """
         import cutlass
         import cutlass.cute as cute
+        import cutlass.memory
+        import cutlass.tensor_utils
         import cutlass.pipeline as pipeline
         import cutlass.utils as utils
         import cutlass.utils.hopper_helpers as sm90_utils
@@ -361,7 +363,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
             b_mcast_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=0) if B_MULTICAST > 1 else 0
 
             # shared memory: the A/B ring with its full/empty mbarriers (PipelineTmaAsync), C staging
-            smem = utils.SmemAllocator()
+            smem = cutlass.memory.SmemAllocator()
             storage = smem.allocate(SharedStorage)
             tma_bytes = cute.size_in_bytes(A_DTYPE, cute.slice_(a_smem, (None, None, 0))) + \\
                 cute.size_in_bytes(B_DTYPE, cute.slice_(b_smem, (None, None, 0)))
@@ -463,7 +465,7 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
     epilogues between the two WGs, and the stage counter skips the other WG's k-tiles."""
     body = _block('''
         # registers -> smem (stmatrix) -> TMA store, EPI_TILE sub-tiles, EPI_STAGES buffers
-        r2s_atom = sm90_utils.get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, STORE_DTYPE, ACC_DTYPE)
+        r2s_atom = sm90_utils.get_smem_store_op(cutlass.tensor_utils.LayoutEnum.ROW_MAJOR, STORE_DTYPE, ACC_DTYPE)
         c_atom_layout = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), STORE_DTYPE)
         tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom_layout, tiled_mma))
         thr_r2s = tiled_r2s.get_slice(consumer_tidx)

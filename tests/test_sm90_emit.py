@@ -1,0 +1,219 @@
+"""SM90 backend on the CPU: the emitted source carries every plan fact, params follow the storage
+shapes, bad plans are refused, the shared epilogue math computes what the ops mean, and a handful of
+sm_90a compiles produce PTX with exactly the Hopper instructions the plan asks for."""
+from __future__ import annotations
+
+import math
+import re
+import types
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, strategies as st
+
+from gemmc.backends import emit as emit_any
+from gemmc.backends.common import epilogue_math_lines
+from gemmc.backends.sm90 import emit
+from gemmc.compiler import lower
+from gemmc.errors import BuildError
+from gemmc.schedule import Schedule
+from gemmc.spec import EpilogueInput, EpilogueOp, GemmSpec, Ref
+from gemmc.types import DType
+
+A, I, C, N = Ref.acc, Ref.input, Ref.const, Ref.node
+
+
+def plan_of(spec: GemmSpec, **sched):
+    _, plan = lower(spec, Schedule(**{"tile": (128, 128, 64), **sched}))
+    return plan
+
+
+def constants(source: str) -> dict:
+    """The module-level `NAME = value` facts of an emitted kernel."""
+    out = {}
+    for m in re.finditer(r"^([A-Z_]+) = (.+?)\s+#", source, re.M):
+        out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+# ---- emission (no compile) ------------------------------------------------------------------------
+
+@given(tile=st.sampled_from([(128, 256, 64), (256, 128, 64), (128, 128, 64), (128, 64, 64)]),
+       cluster=st.sampled_from([(1, 1), (2, 1), (1, 2), (2, 2)]), raster=st.sampled_from("mn"),
+       swizzle=st.sampled_from([1, 2, 8]), split_k=st.sampled_from([1, 2, 4]))
+def test_every_plan_fact_is_a_constant_of_the_source(tile, cluster, raster, swizzle, split_k):
+    plan = plan_of(GemmSpec(), tile=tile, cluster=cluster, raster=raster, swizzle=swizzle, split_k=split_k)
+    c = constants(emit(plan).source)
+    assert c["TILE_MNK"] == str(plan.tile)
+    assert c["CLUSTER_MN"] == str(plan.cluster)
+    assert int(c["A_MULTICAST"]) == plan.copy("a").multicast == cluster[1]
+    assert int(c["B_MULTICAST"]) == plan.copy("b").multicast == cluster[0]
+    assert int(c["AB_STAGES"]) == plan.pipeline.stages
+    assert int(c["EPI_STAGES"]) == plan.pipeline.epi_stages
+    assert c["EPI_TILE"] == str(plan.pipeline.epi_tile)
+    assert int(c["PRODUCER_REGS"]) == plan.role("producer")[0].regs
+    assert int(c["CONSUMER_REGS"]) == plan.role("consumer")[0].regs
+    assert int(c["THREADS"]) == plan.threads
+    assert c["RASTER_ALONG_M"] == str(raster == "m")
+    assert int(c["SWIZZLE"]) == swizzle
+    assert int(c["SPLIT_K"]) == split_k
+    assert c["MMA_INST_MN"] == str(tuple(plan.mma.inst_shape[:2]))
+    assert c["MMA_ATOM_LAYOUT"] == str(tuple(plan.mma.atom_layout))
+    sw = {128: "SW128", 64: "SW64", 32: "SW32"}
+    assert c["A_SMEM_ATOM"].endswith("K_" + sw[plan.copy("a").swizzle_bytes])
+    assert c["C_SMEM_ATOM"].endswith("_" + sw[plan.copy("c").swizzle_bytes])
+
+
+def test_source_is_split_into_role_blocks():
+    src = emit(plan_of(GemmSpec(), mode="pingpong")).source
+    for block in ("# ==== host", "tile scheduler", "# ---- producer warpgroup", "TMA producer loop",
+                  "# ---- consumer warpgroups", "WGMMA main loop", "# ---- epilogue store", "ordered barriers"):
+        assert block in src, block
+    assert "PINGPONG = True" in src
+    assert "PINGPONG = False" in emit(plan_of(GemmSpec())).source
+    compile(src, "<emitted>", "exec")   # valid Python
+
+
+LAYOUTS = [("mk", "nk"), ("km", "nk"), ("mk", "kn"), ("km", "kn")]
+
+
+@given(layout=st.sampled_from(LAYOUTS), batched=st.booleans(), dtype=st.sampled_from(["bf16", "f16"]),
+       kinds=st.lists(st.sampled_from(["row", "col", "full", "scalar"]), max_size=3),
+       split_k=st.sampled_from([1, 2, 4]))
+def test_params_follow_storage_shapes(layout, batched, dtype, kinds, split_k):
+    inputs = tuple(EpilogueInput(f"x{i}", kind, "f32" if i % 2 else "bf16") for i, kind in enumerate(kinds))
+    ops = tuple(EpilogueOp("add", (A() if i == 0 else N(i - 1), I(x.name))) for i, x in enumerate(inputs))
+    spec = GemmSpec(dtype=dtype, a_layout=layout[0], b_layout=layout[1], batch="L" if batched else None,
+                    inputs=inputs, epilogue=ops)
+    k = emit_any(plan_of(spec, split_k=split_k))
+    assert k.arch == "sm_90a" and k.compile_arch == "sm_90a"
+    lead = ("L",) if batched else ()
+    want = [("a", lead + (("M", "K") if layout[0] == "mk" else ("K", "M"))),
+            ("b", lead + (("N", "K") if layout[1] == "nk" else ("K", "N"))),
+            ("out", lead + ("M", "N"))]
+    want += [(x.name, () if x.kind == "scalar" else lead + {"row": ("N",), "col": ("M",), "full": ("M", "N")}[x.kind])
+             for x in inputs]
+    assert [(p.name, tuple(p.shape)) for p in k.params if p.kind != "workspace"] == want
+    ws = [p for p in k.params if p.kind == "workspace"]
+    if split_k == 1:
+        assert not ws
+    else:
+        assert len(ws) == 1 and ws[0].dtype == DType.f32 and ws[0] is k.params[-1]
+        env = {"M": 7, "N": 16, "K": 64, "L": 3}
+        assert eval(ws[0].workspace_elems, {}, env) == split_k * (3 if batched else 1) * 7 * 16
+    assert re.search(rf"def {k.entry}\(" + ", ".join(
+        f"{p.name}: {'cutlass.Float32' if p.kind == 'scalar' else 'cute.Tensor'}" for p in k.params) + ", stream\\)",
+        k.source)
+
+
+def test_static_dims_stay_numbers():
+    k = emit(plan_of(GemmSpec(m="M", n=4096, k=1024)))
+    assert [p.shape for p in k.params] == [("M", 1024), (4096, 1024), ("M", 4096)]
+
+
+def test_bad_plans_are_refused():
+    plan = plan_of(GemmSpec())
+    with pytest.raises(BuildError, match="sm_80"):
+        emit(replace(plan, arch="sm_80"))
+    with pytest.raises(BuildError, match="multicast"):
+        emit(replace(plan, cluster=(2, 1)))        # copies still say no multicast
+    with pytest.raises(BuildError, match="warpgroup"):
+        emit(replace(plan, warpgroups=plan.warpgroups[:2], threads=256))
+    with pytest.raises(BuildError, match="wgmma"):
+        emit(replace(plan, mma=replace(plan.mma, kind="mma.sync")))
+
+
+# ---- the shared epilogue math, evaluated in Python with float stand-ins -----------------------------
+
+class _F(float):
+    def to(self, dtype):
+        import torch
+        return _F(torch.tensor(float(self), dtype=dtype).float().item())
+
+
+def _namespace():
+    import torch
+    ns = types.SimpleNamespace
+    cutlass = ns(Float32=_F, BFloat16=torch.bfloat16, Float16=torch.float16)
+    cute = ns(arch=ns(fmax=lambda a, b: _F(max(a, b)), fmin=lambda a, b: _F(min(a, b))),
+              math=ns(tanh=lambda x: _F(math.tanh(x)), erf=lambda x: _F(math.erf(x)),
+                      exp=lambda x: _F(math.exp(min(x, 700.0)))))
+    return {"cutlass": cutlass, "cute": cute}
+
+
+def _reference(op: str, x: float, y: float, attrs: dict) -> float:
+    import torch
+    t = torch.tensor(x, dtype=torch.float64)
+    return {
+        "add": lambda: x + y, "sub": lambda: x - y, "mul": lambda: x * y, "div": lambda: x / y,
+        "relu": lambda: max(x, 0.0),
+        "gelu_tanh": lambda: torch.nn.functional.gelu(t, approximate="tanh").item(),
+        "gelu_erf": lambda: torch.nn.functional.gelu(t).item(),
+        "silu": lambda: torch.nn.functional.silu(t).item(), "sigmoid": lambda: torch.sigmoid(t).item(),
+        "tanh": lambda: math.tanh(x), "clamp": lambda: min(max(x, attrs["min"]), attrs["max"]),
+        "cast": lambda: torch.tensor(x).to(torch.bfloat16).float().item(),
+    }[op]()
+
+
+@given(op=st.sampled_from(["add", "sub", "mul", "div", "relu", "gelu_tanh", "gelu_erf", "silu", "sigmoid",
+                           "tanh", "clamp", "cast"]),
+       x=st.floats(-30, 30, allow_nan=False), y=st.floats(0.25, 4))
+def test_epilogue_math_matches_the_op(op, x, y):
+    attrs = {"min": -1.5, "max": 2.0} if op == "clamp" else ({"dtype": DType.bf16} if op == "cast" else {})
+    args = (A(), I("y")) if op in ("add", "sub", "mul", "div") else (A(),)
+    lines, result = epilogue_math_lines([EpilogueOp(op, args, tuple(attrs.items()))], "acc", {"y": "y_in"})
+    env = {**_namespace(), "acc": _F(x), "y_in": _F(y)}
+    exec("\n".join(lines), env)
+    assert env[result] == pytest.approx(_reference(op, x, y, attrs), rel=1e-6, abs=1e-6)
+
+
+def test_epilogue_math_chains_nodes_and_constants():
+    ops = [EpilogueOp("mul", (A(), C(2.0))), EpilogueOp("add", (N(0), I("b"))), EpilogueOp("relu", (N(1),))]
+    lines, result = epilogue_math_lines(ops, "acc", {"b": "bias"})
+    env = {**_namespace(), "acc": _F(-1.0), "bias": _F(3.0)}
+    exec("\n".join(lines), env)
+    assert result == "v2" and env["v2"] == 1.0
+    assert epilogue_math_lines([], "acc", {}) == ([], "acc")
+
+
+# ---- compile for sm_90a and read the PTX (a handful of compiles, cached per session) -----------------
+
+COMPILES = {
+    "coop_1x1": (GemmSpec(), dict(tile=(128, 256, 64))),
+    "coop_2x1_nn_epi": (GemmSpec(a_layout="km", b_layout="kn", inputs=(EpilogueInput("bias", "row"),),
+                                 epilogue=(EpilogueOp("add", (A(), I("bias"))), EpilogueOp("silu", (N(0),)))),
+                        dict(cluster=(2, 1))),
+    "pingpong_1x2": (GemmSpec(batch="L"), dict(cluster=(1, 2), mode="pingpong")),
+    "splitk_1x1": (GemmSpec(), dict(split_k=3)),
+}
+
+
+@pytest.fixture(scope="session")
+def ptx_of():
+    from gemmc import build
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            spec, sched = COMPILES[name]
+            plan = plan_of(spec, **sched)
+            cache[name] = (plan, build.compile_with_ptx(emit(plan))[1])
+        return cache[name]
+    return get
+
+
+@pytest.mark.parametrize("name", list(COMPILES))
+def test_ptx_has_the_hopper_instructions_the_plan_asks_for(ptx_of, name):
+    plan, ptx = ptx_of(name)
+    for inst in ("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg"):
+        assert inst in ptx, inst
+    regs = set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+);", ptx))
+    assert regs == {("dec", str(plan.role("producer")[0].regs)), ("inc", str(plan.role("consumer")[0].regs))}
+    multicast = plan.cluster[0] * plan.cluster[1] > 1
+    assert (".multicast::cluster" in ptx) == multicast
+    # the TMA store of the epilogue
+    assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)
+    # ping-pong: ordered named barriers between the two consumer warpgroups (256 threads)
+    assert bool(re.search(r"bar\.arrive\s+%r\d+, 256;", ptx)) == (plan.mode == "pingpong")
+    kernels = re.findall(r"^\.visible \.entry|^\.entry", ptx, re.M)
+    assert len(kernels) == (2 if plan.scheduler.split_k > 1 else 1)   # split-K adds the reduce kernel
