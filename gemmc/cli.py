@@ -166,7 +166,14 @@ def make_parser(debug_errors: Optional[list] = None) -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     skipped: list[str] = []
-    args = make_parser(skipped).parse_args(argv)
+    parser = make_parser(skipped)
+    if "opt" in argv and all(a.startswith("-") for a in argv[:argv.index("opt")]):
+        # everything after `opt` belongs to xdsl-opt's own parser (argparse's REMAINDER drops leading flags)
+        i = argv.index("opt")
+        args = parser.parse_args(argv[:i + 1])
+        args.opt_args = argv[i + 1:]
+    else:
+        args = parser.parse_args(argv)
     if args.debug:
         for line in skipped:
             print(line, file=sys.stderr)

@@ -83,8 +83,8 @@ def test_opt_runs_named_passes(gemm_ir, capsys):
     assert rc == 0
     assert "kernel.copy a tma box 64x64 swizzle 128 multicast 2 along n" in out
     assert "kernel.pipeline" not in out
-    rc, again, _ = gemmc_cmd(capsys, "opt", str(gemm_ir), "-p", ",".join(PIPELINE))
-    assert "kernel.pipeline stages" in again
+    rc, again, _ = gemmc_cmd(capsys, "opt", "-p", ",".join(PIPELINE), str(gemm_ir))   # flags first works too
+    assert rc == 0 and "kernel.pipeline stages" in again
 
 
 def test_opt_reports_pass_errors(gemm_ir, tmp_path, capsys):
