@@ -159,12 +159,17 @@ def _assert_ampere_ptx(ptx: str, plan, target: str):
 
 
 def test_ptx_tn_bf16_sm80():
-    plan = plan_of(GemmSpec(), tile=(128, 128, 32))
-    ptx = _ptx(emit(plan))
-    _assert_ampere_ptx(ptx, plan, "sm_80")
+    """The issue's must-show path: gemmc.compile(spec, schedule=..., arch="sm_80") builds on this CPU."""
+    import gemmc
+    k = gemmc.compile(GemmSpec(), schedule=Schedule(tile=(128, 128, 32), arch="sm_80"), arch="sm_80")
+    assert k.emitted.compile_arch == "sm_80"
+    ptx = k.ptx
+    _assert_ampere_ptx(ptx, k.plan, "sm_80")
     assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
     assert ".trans" not in ptx                                     # both operands K-major
-    assert "bf16" in ptx and ptx.count(".entry") == 1
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    assert ptx.count(".entry") == 1
+    assert "st.global.b32" in ptx and ".local" not in ptx          # paired output stores, no spills
 
 
 def test_ptx_nn_f16_batched_epilogue_splitk_for_hopper():
@@ -182,3 +187,30 @@ def test_ptx_nn_f16_batched_epilogue_splitk_for_hopper():
     assert "f16.f16.f32" in ptx or "f32.f16.f16.f32" in ptx       # mma.sync f16 inputs, f32 accumulate
     assert ptx.count(".entry") == 2                                # GEMM + split-K reduction
     assert re.search(r"tanh|ex2\.approx", ptx)                    # gelu_tanh reached the device code
+
+
+# ---- the GPU harness's CPU half: reference and check (what scripts/gpu_sm80.py relies on) -------------
+
+def test_gpu_harness_reference_and_nan_check_on_cpu():
+    import torch
+    from gemmc.backends.sm80.gpucheck import CHECK_VARIANTS, make_inputs, run_checked, torch_reference
+    spec = GemmSpec(**CHECK_VARIANTS["tt_splitk2_epi_batched"][0])      # kn layout, batch, row/full/scalar, gelu
+    a, b, extra = make_inputs(spec, 9, 16, 24, 2, "cpu", torch.Generator().manual_seed(0))
+    assert a.shape == (2, 9, 24) and b.shape == (2, 24, 16) and extra[0].shape == (2, 16) and extra[1].shape == (2, 9, 16)
+    want = torch.nn.functional.gelu((a.float() @ b.float()) * extra[2] + extra[0].float()[:, None, :],
+                                    approximate="tanh") + extra[1].float()
+    assert torch.allclose(torch_reference(spec, a, b, extra), want, atol=1e-5)
+
+    def exact(a, b, *extra, out):                       # a "kernel" that is the reference
+        out.copy_(torch_reference(spec, a, b, list(extra)))
+
+    def misses_last_row(a, b, *extra, out):             # leaves NaN where it did not write
+        out[..., :-1, :] = torch_reference(spec, a, b, list(extra))[..., :-1, :]
+
+    def off_by_2pct(a, b, *extra, out):
+        out.copy_(1.02 * torch_reference(spec, a, b, list(extra)))
+
+    dev = torch.device("cpu")
+    assert run_checked(spec, exact, 9, 16, 24, 2, dev) < 1e-2            # bf16 output rounding only
+    assert run_checked(spec, misses_last_row, 9, 16, 24, 2, dev) == float("inf")
+    assert run_checked(spec, off_by_2pct, 9, 16, 24, 2, dev) > 1e-2

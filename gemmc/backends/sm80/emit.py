@@ -352,14 +352,26 @@ _KERNEL_BODY = '''
 '''
 
 _STORE_OUT = '''    tCgC = thr_mma.partition_C(gC)
-    for i in cutlass.range(cute.size(acc), unroll_full=True):
-        coord = tCcC[i]
-        if cute.elem_less(coord, (num_m, num_n)):
+    if (tile_m + 1) * TILE_M <= num_m and (tile_n + 1) * TILE_N <= num_n:
+        # interior tile: no predicates; the fragment goes out in vectors of adjacent columns
+        tCrD = cute.make_rmem_tensor(acc.layout, OUT)
+        for i in cutlass.range(cute.size(acc), unroll_full=True):
+            coord = tCcC[i]
             m = coord[0]
             n = coord[1]
             acc_i = acc[i]
 @MATH@
-            tCgC[i] = (@RESULT@).to(OUT)
+            tCrD[i] = (@RESULT@).to(OUT)
+        cute.autovec_copy(tCrD, tCgC)
+    else:
+        for i in cutlass.range(cute.size(acc), unroll_full=True):
+            coord = tCcC[i]
+            if cute.elem_less(coord, (num_m, num_n)):
+                m = coord[0]
+                n = coord[1]
+                acc_i = acc[i]
+@MATH2@
+                tCgC[i] = (@RESULT@).to(OUT)
 '''
 
 _STORE_PARTIAL = '''    # split-K: this split's f32 partial goes to workspace slice split * L + l
@@ -408,7 +420,8 @@ def _source(plan: KernelPlan, params: tuple[Param, ...]) -> str:
         vals = {i.name: input_value_expr(i, "m", "n", "l") for i in inputs}
         math_lines, result = epilogue_math_lines(ep.ops, "acc_i", vals)
         body = "\n".join(" " * 12 + ln for ln in math_lines) or " " * 12 + "pass"
-        out.append(_STORE_OUT.replace("@MATH@", body).replace("@RESULT@", result).rstrip("\n"))
+        body2 = "\n".join(" " * 16 + ln for ln in math_lines) or " " * 16 + "pass"
+        out.append(_STORE_OUT.replace("@MATH@", body).replace("@MATH2@", body2).replace("@RESULT@", result).rstrip("\n"))
 
     # ---- host entry
     sig = [f"{q.name}: cutlass.Float32" if q.kind == "scalar" else f"{q.name}: cute.Tensor" for q in params]
