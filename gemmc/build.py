@@ -190,7 +190,12 @@ def compile_with_ptx(emitted: EmittedKernel):
 def jit_callable(emitted: EmittedKernel):
     """Compile in this process (needs a GPU host to launch) and wrap it in a validating Launcher."""
     from .runtime import Launcher
-    return Launcher(emitted.params, function=compile_emitted(emitted), name=emitted.entry)
+    compiled = compile_emitted(emitted)
+    # The compiled object wraps the C function in a Python kwargs shim; positional calls can skip it.
+    function = getattr(compiled, "_tvm_ffi_function", None) or compiled
+    launcher = Launcher(emitted.params, function=function, name=emitted.entry)
+    launcher.compiled = compiled          # keeps the JIT engine (and its PTX) alive with the launcher
+    return launcher
 
 
 # -- AOT build --------------------------------------------------------------------------------------
