@@ -258,3 +258,25 @@ def test_valid_schedules_lower_to_kernels_that_pass_verify_resources(spec, sched
     assert plan.pipeline.smem_bytes == smem_bytes(schedule, spec)
     assert plan.pipeline.stages == resolve_stages(schedule, spec)
     assert plan.cluster == schedule.cluster and plan.tile == schedule.tile
+
+
+# ---- tests/filecheck/*.mlir: `// RUN: passes`, then `// CHECK:` lines (in order) or `// ERROR:` lines ----
+
+FILECHECK = sorted((__import__("pathlib").Path(__file__).parent / "filecheck").glob("*.mlir"))
+
+
+@pytest.mark.parametrize("path", FILECHECK, ids=[p.stem for p in FILECHECK])
+def test_filecheck(path, capsys):
+    from gemmc import cli
+    lines = path.read_text().splitlines()
+    directive = lambda tag: [line.split(f"// {tag}:", 1)[1].strip() for line in lines if f"// {tag}:" in line]  # noqa: E731
+    (passes,) = directive("RUN")
+    rc = cli.main(["opt", str(path), "-p", passes])
+    out, err = capsys.readouterr()
+    if directive("ERROR"):
+        assert rc == 1
+        for want in directive("ERROR"):
+            assert want in err
+    else:
+        assert rc == 0, err
+        check(out, "\n".join(directive("CHECK")))
