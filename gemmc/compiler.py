@@ -101,25 +101,33 @@ class CompiledGemm:
         from .backends import emit
         return emit(self.plan)
 
+    @functools.cached_property
+    def kernel(self):
+        """The backend kernel (gemmc.compiled.CompiledKernel), keyed in the cache by the final kernel IR."""
+        from .compiled import CompiledKernel
+        return CompiledKernel(self.emitted, material=self._ir_after[self.passes[-1]], plan=self.plan,
+                              spec=self.spec, schedule=self.schedule)
+
     @property
     def source(self) -> str:
         return self.emitted.source
 
-    @functools.cached_property
-    def artifact(self):
-        """The built .so (+ PTX) in the kernel cache, keyed by the final kernel IR."""
-        from .build import build
-        return build(self.emitted, material=self._ir_after[self.passes[-1]])
+    def build(self):
+        """Build into the kernel cache (no GPU needed) and return the artifact (.so, .ptx)."""
+        return self.kernel.build()
 
     @property
-    def ptx(self) -> Optional[str]:
-        return self.artifact.ptx
+    def artifact(self):
+        return self.kernel.build()
 
-    @functools.cached_property
+    @property
+    def ptx(self) -> str:
+        return self.kernel.ptx
+
+    @property
     def launcher(self):
         self._need_kernel("calling the kernel")
-        from .runtime import launcher_from_artifact
-        return launcher_from_artifact(self.artifact)
+        return self.kernel.launcher
 
     def __call__(self, *args, **kwargs):
         return self.launcher(*args, **kwargs)
