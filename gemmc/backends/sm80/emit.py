@@ -68,9 +68,10 @@ def _check_plan(plan: KernelPlan) -> None:
         bad(f"MMA atom layout {plan.mma.atom_layout} over {warps} warps ({plan.threads} threads)",
             "tile the warps over M and N only, one warp per atom")
     bm, bn, bk = plan.tile
-    if bm % (16 * am) or bn % (16 * an) or bk % 16:
+    if bm % (16 * am) or bn % (16 * an) or bk % 16 or bk < 32:
         bad(f"tile {plan.tile} with atom layout {plan.mma.atom_layout}",
-            "tile M must be a multiple of 16 x atoms_m, N of 16 x atoms_n, K of 16")
+            "tile M must be a multiple of 16 x atoms_m, N of 16 x atoms_n, K of 16 and at least 32 "
+            "(two k-blocks for the register double buffer)")
     if plan.pipeline.stages < 2:
         bad(f"{plan.pipeline.stages} stages", "the cp.async ring needs at least 2")
     for op in ("a", "b"):
@@ -330,19 +331,33 @@ _KERNEL_BODY = '''
     tXrB = thr_ldsm_B.retile(tCrB)
     k_blocks = cute.size(tCrA, mode=[2])
 
+    # Register double buffer: k-block kb + 1 is read from smem while kb multiplies; the last k-block
+    # of tile kt waits for tile kt + 1 and reads its first k-block, so the barrier overlaps the MMAs.
+    cute.arch.cp_async_wait_group(STAGES - 2)
+    cute.arch.sync_threads()
+    cute.copy(ldsm_A, tXsA[None, None, 0, 0], tXrA[None, None, 0])
+    cute.copy(ldsm_B, tXsB[None, None, 0, 0], tXrB[None, None, 0])
     for kt in range(k_count):
-        cute.arch.cp_async_wait_group(STAGES - 2)
-        cute.arch.sync_threads()
-        nxt = kt + STAGES - 1
-        if nxt < k_count:
-            wslot = nxt % STAGES
-            cute.copy(copy_A, tAgA[None, None, None, k_first + nxt], tAsA[None, None, None, wslot], pred=tApA)
-            cute.copy(copy_B, tBgB[None, None, None, k_first + nxt], tBsB[None, None, None, wslot], pred=tBpB)
-        cute.arch.cp_async_commit_group()
         rslot = kt % STAGES
+        next_slot = (kt + 1) % STAGES
         for kb in cutlass.range_constexpr(k_blocks):
-            cute.copy(ldsm_A, tXsA[None, None, kb, rslot], tXrA[None, None, kb])
-            cute.copy(ldsm_B, tXsB[None, None, kb, rslot], tXrB[None, None, kb])
+            if kb == k_blocks - 1:
+                # every thread is done reading slot (kt - 1) % STAGES, and tile kt + 1 has landed
+                cute.arch.cp_async_wait_group(STAGES - 2)
+                cute.arch.sync_threads()
+                cute.copy(ldsm_A, tXsA[None, None, 0, next_slot], tXrA[None, None, 0])
+                cute.copy(ldsm_B, tXsB[None, None, 0, next_slot], tXrB[None, None, 0])
+            else:
+                cute.copy(ldsm_A, tXsA[None, None, kb + 1, rslot], tXrA[None, None, kb + 1])
+                cute.copy(ldsm_B, tXsB[None, None, kb + 1, rslot], tXrB[None, None, kb + 1])
+            if kb == 0:
+                # refill the slot freed at the previous tile's last barrier with tile kt + STAGES - 1
+                nxt = kt + STAGES - 1
+                if nxt < k_count:
+                    wslot = nxt % STAGES
+                    cute.copy(copy_A, tAgA[None, None, None, k_first + nxt], tAsA[None, None, None, wslot], pred=tApA)
+                    cute.copy(copy_B, tBgB[None, None, None, k_first + nxt], tBsB[None, None, None, wslot], pred=tBpB)
+                cute.arch.cp_async_commit_group()
             cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
     cute.arch.cp_async_wait_group(0)
 
