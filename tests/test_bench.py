@@ -487,3 +487,139 @@ def test_python_dash_m_entry_point_prints_help():
     res = subprocess.run([sys.executable, "-m", "gemmc.bench", "--help"], capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0 and "--suite" in res.stdout and "--host-timing" in res.stdout
+
+
+# ---- the sweep (fake compiles and kernels on the virtual clock) ------------------------------------------
+
+from gemmc.bench import compile_pool  # noqa: E402
+from gemmc.bench import sweep as sw  # noqa: E402
+from gemmc.schedule import ScheduleSpace  # noqa: E402
+
+TINY_SPACE = ScheduleSpace(tile_m=(128,), tile_n=(64, 128), tile_k=(64,), clusters=((1, 1),), modes=("cooperative",),
+                           rasters=("m",), swizzles=(1,), split_ks=(1, 2), stages=("auto",))
+
+
+class FakePool:
+    def __init__(self, schedules, broken=()):
+        self.schedules, self.broken = schedules, broken
+
+    def collect(self, deadline, on_result=None):
+        out = {}
+        for s in self.schedules:
+            bad = s.short() in self.broken
+            out[compile_pool._key(s.to_dict())] = {"job": s.to_dict(), "ok": not bad, "compile_s": 1.5,
+                                                   "error": "BuildError: ptxas died" if bad else None}
+        return out
+
+
+def _fake_sweep(tmp_path, shapes, cfg=None, broken=(), wrong=(), **kw):
+    clock = VirtualClock()
+    made = {}
+
+    def load_kernel(s):
+        # the faster, the wider the tile and the less split-K; one schedule computes garbage
+        us = 30.0 - s.tile[1] / 16 + 3 * s.split_k
+        made[s] = FakeKernel(clock, us, s.short(), wrong=s.short() in wrong, schedule=s)
+        return made[s]
+
+    cfg = cfg or sw.SweepConfig(budget_s=1e6, workers=1, short_max_sets=4,
+                                refine=timing.TimingConfig(repeats=3, warmup=1, min_unit_us=100, max_sets=16))
+    footer = sw.run_sweep(shapes, cfg, tmp_path / "d.jsonl.gz", space=TINY_SPACE, device="cpu",
+                          start_compiles=lambda scheds: FakePool(scheds, broken), load_kernel=load_kernel,
+                          cublas=FakeKernel(clock, 25.0, "cublas"), graph_clock=clock, eager_clock=clock,
+                          l2_bytes=64 * 1024, environment={"gpu": {"name": "fake"}, "date": "d", "versions": {}},
+                          progress=False, watchdog=False, **kw)
+    return footer, made, ds.load_dataset(tmp_path / "d.jsonl.gz")
+
+
+def test_sweep_plan_takes_each_shapes_valid_schedules_and_their_union():
+    shapes = [suites.Shape(64, 64, 64), suites.Shape(128, 128, 256)]
+    per_shape, union = sw.plan(shapes, TINY_SPACE)
+    assert [s.split_k for s in per_shape[shapes[0]]] == [1, 1]          # K=64 has one k-tile: no split-K
+    assert len(per_shape[shapes[1]]) == 4 and len(union) == 4
+    full = sw.sweep_shapes(30, seed=0)
+    assert len(full) >= 60 and set(suites.llm()) <= set(full) and set(suites.square()) <= set(full)
+    assert len(sw.plan(full[:2])[1]) > 300                                # the real space is large
+
+
+def test_sweep_records_every_point_checks_first_and_refines_the_top(tmp_path):
+    shapes = [suites.Shape(64, 64, 64), suites.Shape(128, 128, 256)]
+    footer, made, (header, recs) = _fake_sweep(tmp_path, shapes, broken=("128x64x64_c1x1_coop_sauto_rm_sw1_k2",),
+                                                wrong=("128x64x64_c1x1_coop_sauto_rm_sw1_k1",))
+    assert footer["complete"] and footer["shapes_done"] == 2 and header["footer"]["records"] == 6
+    assert header["device"] == {"name": "fake"} and header["compile"] == {"workers": 1, "wall_s": header["compile"]
+                                                                         ["wall_s"], "ok": 3, "failed": 1}
+    assert header["space"]["split_ks"] == [1, 2] and "NaN-filled" in header["method"]["text"]
+    by = {(r["m"], Schedule.from_dict(r["schedule"]).short()): r for r in recs}
+    assert len(by) == 6
+    bad = by[(64, "128x64x64_c1x1_coop_sauto_rm_sw1_k1")]
+    assert bad["time_us"] is None and bad["error"].startswith("check: relative Frobenius error")
+    assert by[(128, "128x64x64_c1x1_coop_sauto_rm_sw1_k2")]["error"] == "compile: BuildError: ptxas died"
+    good = by[(128, "128x128x64_c1x1_coop_sauto_rm_sw1_k1")]
+    assert good["time_us"] == pytest.approx(25.0) and good["refined"] and good["time_us_short"] == pytest.approx(25.0)
+    assert good["cublas_us"] == pytest.approx(25.0) and good["compile_s"] == 1.5 and good["rel_err"] < 1e-2
+    assert by[(128, "128x128x64_c1x1_coop_sauto_rm_sw1_k2")]["time_us"] == pytest.approx(28.0)
+    assert all(r["cublas_us"] == pytest.approx(25.0) for r in recs)
+    best = ds.best_per_shape(recs)
+    assert Schedule.from_dict(best[(128, 128, 256)]["schedule"]).tile == (128, 128, 64)
+    # one kernel object serves both shapes; the wrong one ran once per shape (its check), never timed
+    assert made[Schedule(tile=(128, 64, 64))].calls == 2
+
+
+def test_sweep_times_long_kernels_eagerly(tmp_path):
+    cfg = sw.SweepConfig(budget_s=1e6, workers=1, eager_above_us=5.0, top=1,
+                         refine=timing.TimingConfig(repeats=3, warmup=0, min_unit_us=10, max_sets=4))
+    footer, made, (header, recs) = _fake_sweep(tmp_path, [suites.Shape(64, 64, 64)], cfg=cfg)
+    # not in the top 1: its check, then one eager timed call, nothing more
+    assert made[Schedule(tile=(128, 64, 64))].calls == 2
+    assert made[Schedule(tile=(128, 128, 64))].calls > 2 and sum(r["refined"] for r in recs) == 1
+    assert [r["time_us"] for r in recs if not r["refined"]] == [pytest.approx(29.0)]
+
+
+def test_sweep_stops_within_the_budget_and_says_so(tmp_path):
+    cfg = sw.SweepConfig(budget_s=0.0, workers=1, reserve_s=0.0)
+    footer, _, (header, recs) = _fake_sweep(tmp_path, [suites.Shape(64, 64, 64)], cfg=cfg)
+    assert header["footer"] == footer | {"records": 0}
+    assert not footer["complete"] and footer["stop_reason"] == "budget"
+    assert footer["shapes_skipped"] == ["64x64x64"] and recs == []
+
+
+def _sleepy_worker(sched, dtype="bf16", arch="sm_90a"):
+    import time as _t
+    _t.sleep(sched["sleep"])
+    return {"job": sched, "ok": True, "error": None, "compile_s": sched["sleep"]}
+
+
+def test_compile_pool_collects_until_the_deadline_then_terminates():
+    import time as _t
+    pool = compile_pool.CompilePool([{"sleep": 0.0, "i": 0}, {"sleep": 60.0, "i": 1}], workers=2,
+                                    worker=_sleepy_worker)
+    t0 = _t.perf_counter()
+    res = pool.collect(_t.perf_counter() + 10.0)   # generous: spawning a worker imports torch
+    assert _t.perf_counter() - t0 < 25
+    assert compile_pool.result_for(res, {"sleep": 0.0, "i": 0})["ok"] is True
+    late = compile_pool.result_for(res, {"sleep": 60.0, "i": 1})
+    assert late["ok"] is False and "not compiled within the compile budget" in late["error"]
+
+
+def test_compile_worker_reports_errors_instead_of_raising():
+    r = compile_pool.compile_worker({"tile": [100, 128, 64]})
+    assert r["ok"] is False and "tile M" in r["error"] and r["compile_s"] >= 0
+
+
+def test_sweep_script_dry_run_prints_the_plan():
+    res = subprocess.run([sys.executable, "scripts/sweep.py", "--dry-run", "--cuda-l2-sample", "5"],
+                         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr
+    first = res.stdout.splitlines()[0]
+    assert "distinct schedules to compile" in first and "1x6144x4096" in res.stdout
+
+
+@pytest.mark.slow
+def test_compile_job_builds_through_the_public_api():
+    """The real compile path (no GPU needed to build): a static shape with a fixed schedule."""
+    r = compile_pool.compile_worker({"m": 128, "n": 4096, "k": 4096,
+                                     "policy": Schedule(tile=(128, 128, 64)).to_dict()})
+    assert r["ok"], r["error"]
+    k = timing.compile_gemmc(suites.Shape(128, 4096, 4096), Schedule(tile=(128, 128, 64)))
+    assert k.schedule == Schedule(tile=(128, 128, 64)) and callable(k)

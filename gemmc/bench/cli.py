@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -38,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--l2-factor", type=float, default=2.0, help="rotate inputs through this x L2 (default 2)")
     p.add_argument("--host-timing", action="store_true",
                    help="time eager user calls with host overhead included (no CUDA graphs)")
+    p.add_argument("--compile-workers", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+                   help="processes that build the kernels before measuring (default: CPUs - 1; 1: build inline)")
     p.add_argument("--out", metavar="PATH",
                    help="JSON report path (default bench/results/<date>-<gpu>-<suite>.json)")
     p.add_argument("--plot", metavar="PATH", help="PNG plot path (default: the JSON path with .png)")
@@ -91,7 +94,8 @@ def run(args) -> int:
                        max_launches=args.max_launches, l2_factor=args.l2_factor, host_timing=args.host_timing,
                        seed=args.seed)
     env = collect_environment()
-    results = run_bench(shapes, policy, cfg, dtype=args.dtype, arch=args.arch, progress=not args.quiet)
+    results = run_bench(shapes, policy, cfg, dtype=args.dtype, arch=args.arch, progress=not args.quiet,
+                        compile_workers=args.compile_workers)
     report = make_report(results, suite=suite, policy=policy_name(policy), dtype=args.dtype, arch=args.arch,
                          cfg=cfg, environment=env)
     out = Path(args.out) if args.out else default_output_path(suite, (env.get("gpu") or {}).get("name"),
