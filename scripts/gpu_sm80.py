@@ -43,6 +43,7 @@ SPEED = {
     "128x128x32_s5": S((128, 128, 32)),
     "128x256x32_s4": S((128, 256, 32), stages=4),
     "256x128x32_s4": S((256, 128, 32), stages=4),
+    "128x256x32_s4_sw8": S((128, 256, 32), stages=4, swizzle=8),
     "128x128x64_s4_sw8": S((128, 128, 64), stages=4, swizzle=8),
 }
 SQUARE = [(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (16384, 16384, 16384)]
@@ -96,16 +97,18 @@ def compile_only(names, log) -> dict:
 
 # ---- child phases (GPU) ---------------------------------------------------------------------------
 
-def child_check(names, shapes, log) -> dict:
+def child_check(names, shapes, log, device="cuda", make_launcher=None) -> dict:
+    """Check each variant at each shape. `make_launcher(spec, schedule)` and `device` are seams for CPU tests."""
     import torch
     from gemmc.backends.sm80.gpucheck import hopper_launcher, run_checked
-    dev = torch.device("cuda")
+    dev = torch.device(device)
+    make_launcher = make_launcher or (lambda spec, sched: hopper_launcher(spec, sched)[2])
     rows, errors = [], []
     for name in names:
         spec = spec_of(name)
         try:
             t0 = time.time()
-            launcher = hopper_launcher(spec, schedule_of(name))[2]
+            launcher = make_launcher(spec, schedule_of(name))
             log(f"compiled {name} in {time.time() - t0:.1f}s")
         except Exception as e:
             errors.append(f"{name}: compile: {type(e).__name__}: {str(e)[:2000]}")
@@ -131,7 +134,8 @@ def child_check(names, shapes, log) -> dict:
     return {"check": rows, "errors": errors}
 
 
-def child_speed(names, shapes, repeats, log) -> dict:
+def child_speed(names, shapes, repeats, log, device="cuda", clock=None, make_launcher=None, l2=None) -> dict:
+    """Time TN bf16 kernels against torch.matmul. device/clock/make_launcher/l2 are seams for CPU tests."""
     import torch
     from gemmc.backends.sm80.gpucheck import hopper_launcher
     from gemmc.bench.stats import summarize, tflops
@@ -144,19 +148,19 @@ def child_speed(names, shapes, repeats, log) -> dict:
     for name in names:
         try:
             t0 = time.time()
-            kernels[name] = hopper_launcher(GemmSpec(), SPEED[name])[2]
+            kernels[name] = (make_launcher or (lambda spec, sched: hopper_launcher(spec, sched)[2]))(GemmSpec(), SPEED[name])
             log(f"compiled {name} in {time.time() - t0:.1f}s")
         except Exception as e:
             errors.append(f"{name}: compile: {type(e).__name__}: {str(e)[:2000]}")
             log("ERROR " + errors[-1])
-    clock, l2 = CudaClock(graphs=True), l2_bytes_of()
+    clock, l2 = clock or CudaClock(graphs=True), l2 or l2_bytes_of()
     rows = []
     for (m, n, k) in shapes:
         shape = Shape(m, n, k)
         row = {"m": m, "n": n, "k": k, "flops": shape.flops}
         sets = None
         try:
-            sets = make_input_sets(shape, torch.bfloat16, "cuda", input_set_count(shape, 2, l2, cfg.l2_factor), cfg.seed)
+            sets = make_input_sets(shape, torch.bfloat16, device, input_set_count(shape, 2, l2, cfg.l2_factor), cfg.seed)
             row["input_sets"], row["rotated_bytes"] = sets.n, sets.rotated_bytes
             ref = reference(sets.a[0], sets.b[0])
             fns = {"torch": cublas_matmul}
@@ -191,7 +195,8 @@ def child_speed(names, shapes, repeats, log) -> dict:
             log(f"  {m}x{n}x{k}: ERROR {row['error']}")
         finally:
             del sets
-            torch.cuda.empty_cache()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         rows.append(row)
     return {"speed": rows, "errors": errors}
 

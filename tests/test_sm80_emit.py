@@ -214,3 +214,53 @@ def test_gpu_harness_reference_and_nan_check_on_cpu():
     assert run_checked(spec, exact, 9, 16, 24, 2, dev) < 1e-2            # bf16 output rounding only
     assert run_checked(spec, misses_last_row, 9, 16, 24, 2, dev) == float("inf")
     assert run_checked(spec, off_by_2pct, 9, 16, 24, 2, dev) > 1e-2
+
+
+def _script():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "scripts" / "gpu_sm80.py"
+    spec = importlib.util.spec_from_file_location("gpu_sm80_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_script_phases_run_on_cpu_with_stand_in_kernels():
+    """scripts/gpu_sm80.py's check and speed phases, driven on the CPU: torch stands in for the
+    compiled kernels and a counting clock for CUDA events. A wrong kernel fails the check and is not timed."""
+    import torch
+    from gemmc.backends.sm80.gpucheck import torch_reference
+    script = _script()
+    logs = []
+
+    def good(spec, sched):
+        def run(a, b, *extra, out):
+            out.copy_(torch_reference(spec, a, b, list(extra)))
+        return run
+
+    res = script.child_check(["tn_bf16", "nn_col_silu_batched"], [(9, 16, 24), (33, 8, 8)], logs.append,
+                             device="cpu", make_launcher=good)
+    assert [r["ok"] for r in res["check"]] == [True] * 4 and not res["errors"]
+    assert res["check"][2]["m"] == 16 and res["check"][2]["batch"] == 3     # M rounded to 8 for A (K x M)
+
+    class CountingClock:
+        def prepare(self, calls):
+            return lambda: [c() for c in calls]
+
+        def time_ms(self, unit):
+            unit()
+            return 1.0
+
+    def speed_kernel(spec, sched):
+        if sched.tile == (256, 128, 32):             # a broken kernel: must be reported, not timed
+            return lambda a, b, out=None: out.zero_()
+        return lambda a, b, out=None: torch.matmul(a, b.T, out=out)
+
+    res = script.child_speed(list(script.SPEED), [(16, 24, 32)], 2, logs.append, device="cpu",
+                             clock=CountingClock(), make_launcher=speed_kernel, l2=4096)
+    row = res["speed"][0]
+    assert "error" not in row, row
+    assert row["256x128x32_s4_rel_err"] > 0.5 and "256x128x32_s4_tflops" not in row
+    assert row["128x128x32_s5_tflops"] == pytest.approx(row["torch_tflops"]) and row["ratio_vs_torch"] == pytest.approx(1.0)
+    assert row["input_sets"] >= 2                     # rotated through >= 2x the (stand-in) L2
