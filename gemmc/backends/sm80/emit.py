@@ -452,8 +452,9 @@ def _source(plan: KernelPlan, params: tuple[Param, ...]) -> str:
     out.append("    num_l = cute.size(mC, mode=[2])")
     if split:
         out.append("    # workspace: SPLIT_K x L f32 slices of M x N; view (M, N, (L, SPLIT_K)) so slice s*L+l is split s")
+        out.append("    slice_elems = cutlass.Int64(num_m) * num_n  # 64-bit: SPLIT_K * L * M * N may pass 2^31")
         out.append("    mW = cute.make_tensor(workspace.iterator, cute.make_layout(")
-        out.append("        (num_m, num_n, (num_l, SPLIT_K)), stride=(num_n, 1, (num_m * num_n, num_l * num_m * num_n))))")
+        out.append("        (num_m, num_n, (num_l, SPLIT_K)), stride=(cutlass.Int64(num_n), 1, (slice_elems, slice_elems * num_l))))")
     out.append("    sA_layout = smem_layout(A_K_MAJOR, TILE_M, A_VEC, A_SWIZZLE_BITS)")
     out.append("    sB_layout = smem_layout(B_K_MAJOR, TILE_N, B_VEC, B_SWIZZLE_BITS)")
     out.append("    sA_swizzle = smem_swizzle(A_SWIZZLE_BITS, A_VEC)")
