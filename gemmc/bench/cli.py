@@ -94,8 +94,11 @@ def run(args) -> int:
                        max_launches=args.max_launches, l2_factor=args.l2_factor, host_timing=args.host_timing,
                        seed=args.seed)
     env = collect_environment()
+    from .report import nvidia_smi
     results = run_bench(shapes, policy, cfg, dtype=args.dtype, arch=args.arch, progress=not args.quiet,
                         compile_workers=args.compile_workers)
+    if env.get("gpu"):
+        env["gpu"]["nvidia_smi_after"] = nvidia_smi()  # clocks under load, right after the last shape
     report = make_report(results, suite=suite, policy=policy_name(policy), dtype=args.dtype, arch=args.arch,
                          cfg=cfg, environment=env)
     out = Path(args.out) if args.out else default_output_path(suite, (env.get("gpu") or {}).get("name"),

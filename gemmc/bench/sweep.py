@@ -52,7 +52,7 @@ class SweepConfig:
     eager_above_us: float = 1000.0  # kernels this long are timed as one eager call (graphs gain nothing)
     top: int = 3                    # re-measured carefully per shape
     refine: TimingConfig = field(default_factory=lambda: TimingConfig(repeats=5, warmup=1, min_unit_us=1000,
-                                                                      max_launches=200, max_sets=1024))
+                                                                      max_launches=200, max_sets=4096))
     tolerance: float = 1e-2
     seed: int = 0
     dtype: str = "bf16"
@@ -251,7 +251,7 @@ def run_sweep(shapes: Sequence[Shape], cfg: SweepConfig, out_path, *, space: Sch
 
     from ..types import as_dtype, torch_dtype
     from .compile_pool import CompilePool, compile_schedule, result_for
-    from .report import collect_environment
+    from .report import collect_environment, nvidia_smi
 
     t_start = time.perf_counter()
     deadline = t_start + cfg.budget_s
@@ -357,7 +357,8 @@ def run_sweep(shapes: Sequence[Shape], cfg: SweepConfig, out_path, *, space: Sch
             dog.stop()
         footer = {"complete": not skipped and stop_reason is None and len(done) == len(shapes),
                   "elapsed_s": round(time.perf_counter() - t_start, 1), "shapes_done": len(done),
-                  "shapes_skipped": skipped, "stop_reason": stop_reason or ("budget" if skipped else None)}
+                  "shapes_skipped": skipped, "stop_reason": stop_reason or ("budget" if skipped else None),
+                  "nvidia_smi_after": nvidia_smi() if str(device).startswith("cuda") else None}
         writer.close(footer)
     log(f"sweep: {len(done)} shapes done, {len(skipped)} skipped for the budget, "
         f"{writer.count} records -> {out_path} ({os.path.getsize(out_path) / 1e6:.2f} MB)")
