@@ -97,6 +97,19 @@ def test_compile_arch_defaults_to_sm80_and_can_target_hopper():
         emit(plan, compile_arch="sm_70")
 
 
+def test_compile_arch_from_environment(monkeypatch):
+    """GEMMC_SM80_COMPILE_ARCH=sm_90a lets gemmc.compile(..., arch="sm_80") build kernels an H200 can load."""
+    import gemmc
+    from gemmc.build import key_material
+    monkeypatch.setenv("GEMMC_SM80_COMPILE_ARCH", "sm_90a")
+    k = gemmc.compile(GemmSpec(), schedule=Schedule(tile=(128, 128, 32), arch="sm_80"), arch="sm_80")
+    assert k.emitted.compile_arch == "sm_90a"
+    monkeypatch.delenv("GEMMC_SM80_COMPILE_ARCH")
+    plain = emit(k.plan)
+    assert plain.compile_arch == "sm_80" and plain.source == k.emitted.source
+    assert key_material(plain) != key_material(k.emitted)        # the two builds never share a cache entry
+
+
 @pytest.mark.parametrize("change, match", [
     (lambda p: replace(p, arch="sm_90a"), "arch"),
     (lambda p: replace(p, mma=replace(p.mma, kind="wgmma", inst_shape=(64, 128, 16))), "mma.sync"),

@@ -12,6 +12,7 @@ Every number in the emitted module comes from the plan; the header names the pla
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import replace
 
 from ...errors import BuildError
@@ -27,10 +28,11 @@ SM80_COMPILE_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_90")
 
 
 def emit(plan: KernelPlan, compile_arch: str | None = None) -> EmittedKernel:
-    """CuTe DSL source for `plan` (arch "sm_80"). compile_arch defaults to "sm_80"; use "sm_90a" to
-    build the same kernel for an H100/H200."""
+    """CuTe DSL source for `plan` (arch "sm_80"). compile_arch defaults to $GEMMC_SM80_COMPILE_ARCH, else
+    "sm_80"; "sm_90a" builds the same kernel for an H100/H200 (an sm_80 cubin does not load on Hopper),
+    e.g. GEMMC_SM80_COMPILE_ARCH=sm_90a makes gemmc.compile(spec, arch="sm_80") runnable there."""
     _check_plan(plan)
-    compile_arch = compile_arch or "sm_80"
+    compile_arch = compile_arch or os.environ.get("GEMMC_SM80_COMPILE_ARCH") or "sm_80"
     if compile_arch not in SM80_COMPILE_ARCHS:
         raise BuildError(f"compile_arch {compile_arch!r} cannot run the SM80 kernel; use one of {SM80_COMPILE_ARCHS}")
     params = kernel_params(plan)
