@@ -69,6 +69,19 @@ def test_params_follow_storage_shapes(layout, batched, dtype, kinds, split_k):
     assert [a.split(":")[0].strip() for a in sig.split(",")] == [p.name for p in k.params] + ["stream"]
 
 
+@given(layout=st.sampled_from(LAYOUTS), dtype=st.sampled_from(["bf16", "f16"]),
+       out_dtype=st.sampled_from([None, "f32"]), data=st.data())
+def test_every_valid_sm80_schedule_emits(layout, dtype, out_dtype, data):
+    """The predicate and the backend agree: whatever schedule check_schedule accepts for sm_80, the
+    passes lower and this backend emits (no plan it refuses)."""
+    from gemmc.schedule import enumerate_schedules
+    spec = GemmSpec(a_layout=layout[0], b_layout=layout[1], dtype=dtype, out_dtype=out_dtype)
+    schedule = data.draw(st.sampled_from(enumerate_schedules(spec, "sm_80")))
+    _, plan = lower(spec, schedule)
+    k = emit(plan)
+    assert f"STAGES = {plan.pipeline.stages} " in k.source and f"SPLIT_K = {schedule.split_k} " in k.source
+
+
 def test_source_states_every_plan_fact():
     spec = GemmSpec(a_layout="km", b_layout="kn", dtype="f16", out_dtype="f32")
     plan = plan_of(spec, tile=(256, 128, 64), raster="n", swizzle=8, stages=3)
