@@ -17,6 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 
 def main(argv=None) -> int:
+    from dataclasses import replace
+
     from gemmc.bench.sweep import (SWEEP_SPACE, SweepConfig, default_out_path, plan, predict_shape_s, roofline_us,
                                    run_sweep, sweep_shapes)
 
@@ -29,6 +31,10 @@ def main(argv=None) -> int:
     p.add_argument("--cuda-l2-sample", type=int, default=30, help="shapes sampled from the cuda-l2 grid (default 30)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--top", type=int, default=3, help="schedules re-measured carefully per shape (default 3)")
+    p.add_argument("--stages", default="auto",
+                   help="stage counts to sweep, e.g. 'auto,3,4' (default auto: as many as fit; each extra value "
+                        "adds up to one more kernel per schedule)")
+    p.add_argument("--split-k", default="1,2,4", help="split-K values (default 1,2,4)")
     p.add_argument("--exclude", metavar="REGEX", help="skip schedules whose short id matches (e.g. '_k4$')")
     p.add_argument("--max-shapes", type=int, help="only the first N shapes (smoke runs)")
     p.add_argument("--max-schedules", type=int, help="only the first N schedules of each shape (smoke runs)")
@@ -38,6 +44,12 @@ def main(argv=None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
 
+    try:
+        stages = tuple(x if x == "auto" else int(x) for x in args.stages.split(","))
+        split_ks = tuple(int(x) for x in args.split_k.split(","))
+    except ValueError:
+        p.error("--stages takes 'auto' and integers, --split-k integers, comma-separated")
+    space = replace(SWEEP_SPACE, stages=stages, split_ks=split_ks)
     shapes = sweep_shapes(args.cuda_l2_sample, args.seed)
     if args.smoke:
         shapes = [s for s in shapes if (s.m, s.n, s.k) in {(128, 4096, 4096), (4096, 4096, 4096), (1, 6144, 4096)}]
@@ -50,7 +62,7 @@ def main(argv=None) -> int:
     pattern = re.compile(args.exclude) if args.exclude else None
     keep = None
     if args.max_schedules:
-        per_shape, union = plan(shapes, SWEEP_SPACE, cfg.dtype, cfg.arch)
+        per_shape, union = plan(shapes, space, cfg.dtype, cfg.arch)
         keep = set()
         for v in per_shape.values():
             keep.update(v[: args.max_schedules])
@@ -59,7 +71,7 @@ def main(argv=None) -> int:
         return bool(pattern and pattern.search(s.short())) or (keep is not None and s not in keep)
 
     if args.dry_run:
-        per_shape, union = plan(shapes, SWEEP_SPACE, cfg.dtype, cfg.arch)
+        per_shape, union = plan(shapes, space, cfg.dtype, cfg.arch)
         per_shape = {sh: [s for s in v if not exclude(s)] for sh, v in per_shape.items()}
         union = [s for s in union if not exclude(s)]
         est = sum(predict_shape_s(roofline_us(sh), len(v), cfg) for sh, v in per_shape.items())
@@ -75,7 +87,7 @@ def main(argv=None) -> int:
         print("sweep: no CUDA GPU visible; use --dry-run on a CPU host", file=sys.stderr)
         return 2
     out = args.out or default_out_path()
-    footer = run_sweep(shapes, cfg, out, exclude=exclude, progress=not args.quiet)
+    footer = run_sweep(shapes, cfg, out, space=space, exclude=exclude, progress=not args.quiet)
     return 0 if footer["shapes_done"] else 1
 
 

@@ -623,3 +623,13 @@ def test_compile_job_builds_through_the_public_api():
     assert r["ok"], r["error"]
     k = timing.compile_gemmc(suites.Shape(128, 4096, 4096), Schedule(tile=(128, 128, 64)))
     assert k.schedule == Schedule(tile=(128, 128, 64)) and callable(k)
+
+
+def test_sweep_plan_drops_fixed_stages_equal_to_auto():
+    from gemmc import GemmSpec
+    from gemmc.schedule import resolve_stages
+    space = ScheduleSpace(tile_m=(128,), tile_n=(128,), tile_k=(64,), clusters=((1, 1),), modes=("cooperative",),
+                          rasters=("m",), swizzles=(1,), split_ks=(1,), stages=("auto", 4, 6))
+    assert resolve_stages(Schedule(tile=(128, 128, 64)), GemmSpec(m=256, n=256, k=256)) == 6
+    _, union = sw.plan([suites.Shape(256, 256, 256)], space)
+    assert [s.stages for s in union] == ["auto", 4]

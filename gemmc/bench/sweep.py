@@ -28,7 +28,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..schedule import MODES, RASTERS, Schedule, ScheduleSpace, enumerate_schedules
+from ..schedule import MODES, RASTERS, Schedule, ScheduleSpace, enumerate_schedules, resolve_stages
 from ..spec import GemmSpec
 from .dataset import DatasetWriter
 from .suites import Shape, cuda_l2, dedupe, llm, square
@@ -74,7 +74,11 @@ def plan(shapes: Sequence[Shape], space: ScheduleSpace = SWEEP_SPACE, dtype: str
     """({shape: its valid schedules}, the union in first-seen order)."""
     per_shape, union, seen = {}, [], set()
     for sh in shapes:
-        valid = enumerate_schedules(GemmSpec(m=sh.m, n=sh.n, k=sh.k, dtype=dtype), arch, space)
+        spec = GemmSpec(m=sh.m, n=sh.n, k=sh.k, dtype=dtype)
+        # a fixed stage count equal to what "auto" resolves to is the same kernel: keep "auto" only
+        valid = [s for s in enumerate_schedules(spec, arch, space)
+                 if s.stages == "auto" or "auto" not in space.stages
+                 or resolve_stages(s.with_(stages="auto"), spec) != s.stages]
         per_shape[sh] = valid
         for s in valid:
             if s not in seen:
