@@ -138,8 +138,14 @@ def kernel_params(plan: KernelPlan) -> tuple[Param, ...]:
 
 # ---- source -------------------------------------------------------------------------------------
 
-def _swizzle_bits(swizzle_bytes: int, vector_bytes: int) -> int:
+def _swizzle_bits(swizzle_bytes: int) -> int:
+    """128 B -> 3, 64 B -> 2, 32 B -> 1, none -> 0: XORed 16-byte-chunk bits per swizzle row."""
     return int(math.log2(swizzle_bytes // 16)) if swizzle_bytes >= 32 else 0
+
+
+def _atom_cols(swizzle_bytes: int, elem_bytes: int) -> int:
+    """Contiguous elements in one smem layout atom row: one swizzle width (16 B when unswizzled)."""
+    return max(swizzle_bytes, 16) // elem_bytes
 
 
 def _header(plan: KernelPlan) -> str:
@@ -168,8 +174,10 @@ A_K_MAJOR = {p.a_major == 'k'}  # plan.problem.a_major
 B_K_MAJOR = {p.b_major == 'k'}  # plan.problem.b_major
 A_VEC = {a.vector_bytes // p.a_dtype.bytes}  # plan.copy("a").vector_bytes, in elements
 B_VEC = {b.vector_bytes // p.b_dtype.bytes}  # plan.copy("b").vector_bytes, in elements
-A_SWIZZLE_BITS = {_swizzle_bits(a.swizzle_bytes, a.vector_bytes)}  # plan.copy("a").swizzle_bytes = {a.swizzle_bytes}
-B_SWIZZLE_BITS = {_swizzle_bits(b.swizzle_bytes, b.vector_bytes)}  # plan.copy("b").swizzle_bytes = {b.swizzle_bytes}
+A_SWIZZLE_BITS = {_swizzle_bits(a.swizzle_bytes)}  # plan.copy("a").swizzle_bytes = {a.swizzle_bytes}
+B_SWIZZLE_BITS = {_swizzle_bits(b.swizzle_bytes)}  # plan.copy("b").swizzle_bytes = {b.swizzle_bytes}
+A_ATOM_COLS = {_atom_cols(a.swizzle_bytes, p.a_dtype.bytes)}  # one swizzle row of A, in elements
+B_ATOM_COLS = {_atom_cols(b.swizzle_bytes, p.b_dtype.bytes)}  # one swizzle row of B, in elements
 RASTER_M = {plan.scheduler.raster == 'm'}  # plan.scheduler.raster: consecutive CTAs step along M
 GROUP = {plan.scheduler.swizzle}  # plan.scheduler.swizzle: tiles per group along the raster's slow dim
 SPLIT_K = {plan.scheduler.split_k}  # plan.scheduler.split_k
@@ -180,19 +188,17 @@ _HELPERS = '''
 
 # ---- shared-memory layouts and copies (host side; passed to the kernel) -----------------------------
 
-def smem_layout(k_major, rows, vec, swizzle_bits):
-    """(rows, TILE_K, STAGES) ring of swizzled atoms: 8 rows x (vec << bits) contiguous elements."""
+def smem_layout(k_major, rows, cols):
+    """(rows, TILE_K, STAGES) ring of atoms: 8 rows x `cols` contiguous elements (one swizzle row)."""
     if k_major:
-        cols = min(vec << swizzle_bits, TILE_K)
         atom = cute.make_layout((8, cols), stride=(cols, 1))
     else:
-        cols = min(vec << swizzle_bits, rows)
         atom = cute.make_layout((cols, 8), stride=(1, cols))
     return cute.tile_to_shape(atom, (rows, TILE_K, STAGES), (0, 1, 2))
 
 
-def smem_swizzle(swizzle_bits, vec):
-    # XOR 16-byte chunk bits with row bits, on byte addresses (vectors stay whole)
+def smem_swizzle(swizzle_bits):
+    # on byte addresses: XOR the 16-byte chunk index with the 128-byte row index (vectors stay whole)
     return cute.make_swizzle(swizzle_bits, 4, 3)
 
 
@@ -457,10 +463,10 @@ def _source(plan: KernelPlan, params: tuple[Param, ...]) -> str:
         out.append("    slice_elems = cutlass.Int64(num_m) * num_n  # 64-bit: SPLIT_K * L * M * N may pass 2^31")
         out.append("    mW = cute.make_tensor(workspace.iterator, cute.make_layout(")
         out.append("        (num_m, num_n, (num_l, SPLIT_K)), stride=(cutlass.Int64(num_n), 1, (slice_elems, slice_elems * num_l))))")
-    out.append("    sA_layout = smem_layout(A_K_MAJOR, TILE_M, A_VEC, A_SWIZZLE_BITS)")
-    out.append("    sB_layout = smem_layout(B_K_MAJOR, TILE_N, B_VEC, B_SWIZZLE_BITS)")
-    out.append("    sA_swizzle = smem_swizzle(A_SWIZZLE_BITS, A_VEC)")
-    out.append("    sB_swizzle = smem_swizzle(B_SWIZZLE_BITS, B_VEC)")
+    out.append("    sA_layout = smem_layout(A_K_MAJOR, TILE_M, A_ATOM_COLS)")
+    out.append("    sB_layout = smem_layout(B_K_MAJOR, TILE_N, B_ATOM_COLS)")
+    out.append("    sA_swizzle = smem_swizzle(A_SWIZZLE_BITS)")
+    out.append("    sB_swizzle = smem_swizzle(B_SWIZZLE_BITS)")
     out.append("    copy_A = gmem_to_smem_copy(A_K_MAJOR, TILE_M, A_VEC)")
     out.append("    copy_B = gmem_to_smem_copy(B_K_MAJOR, TILE_N, B_VEC)")
     out.append("    # warps tile the CTA over M and N; N permuted x2 so one ldmatrix.x4 feeds two n8 atoms")
