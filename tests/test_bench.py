@@ -633,3 +633,12 @@ def test_sweep_plan_drops_fixed_stages_equal_to_auto():
     assert resolve_stages(Schedule(tile=(128, 128, 64)), GemmSpec(m=256, n=256, k=256)) == 6
     _, union = sw.plan([suites.Shape(256, 256, 256)], space)
     assert [s.stages for s in union] == ["auto", 4]
+
+
+def test_sweep_gives_up_early_when_nothing_runs(tmp_path):
+    shapes = [suites.Shape(64, 64, 64), suites.Shape(128, 128, 256), suites.Shape(256, 128, 128)]
+    wrong = tuple(s.short() for s in sw.plan(shapes, TINY_SPACE)[1])
+    footer, _, (header, recs) = _fake_sweep(tmp_path, shapes, wrong=wrong)
+    assert footer["shapes_done"] == 2 and not footer["complete"]
+    assert footer["stop_reason"].startswith("no schedule ran on the first 2 shapes; first error: check: relative")
+    assert all(r["time_us"] is None for r in recs)

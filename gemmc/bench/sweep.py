@@ -328,7 +328,7 @@ def run_sweep(shapes: Sequence[Shape], cfg: SweepConfig, out_path, *, space: Sch
                           "failed": len(union) - n_ok}}
     writer = DatasetWriter(out_path, header)
     order = sorted(shapes, key=lambda sh: predict_shape_s(t_est[sh], len(per_shape[sh]), cfg))
-    done, skipped, calib = [], [], 1.0
+    done, skipped, calib, total_ok = [], [], 1.0, 0
     stop_reason = None
     try:
         for sh in tqdm(order, desc="sweep", unit="shape", file=sys.stderr, disable=not progress):
@@ -351,8 +351,14 @@ def run_sweep(shapes: Sequence[Shape], cfg: SweepConfig, out_path, *, space: Sch
             ratio = (summ["cublas_us"] / summ["best_us"]) if summ["best_us"] else float("nan")
             log(f"  {sh}: {summ['ok']}/{summ['points']} ok, best {summ['best']} {summ['best_us'] or float('nan'):.1f} us"
                 f", cuBLAS {summ['cublas_us']:.1f} us, ratio {ratio:.3f}, {took:.1f} s")
+            total_ok += summ["ok"]
             if summ["broken"]:
                 stop_reason = f"CUDA context failed on {sh}"
+                break
+            if len(done) >= 2 and total_ok == 0:   # don't spend the budget recording only errors
+                first = next((r["error"] for r in recs if r["error"]), "?")
+                stop_reason = f"no schedule ran on the first {len(done)} shapes; first error: {first[:300]}"
+                log(f"sweep: stopping: {stop_reason}")
                 break
             if torch.cuda.is_available() and str(device).startswith("cuda"):
                 torch.cuda.empty_cache()
