@@ -642,3 +642,15 @@ def test_sweep_gives_up_early_when_nothing_runs(tmp_path):
     assert footer["shapes_done"] == 2 and not footer["complete"]
     assert footer["stop_reason"].startswith("no schedule ran on the first 2 shapes; first error: check: relative")
     assert all(r["time_us"] is None for r in recs)
+
+
+def test_cli_show_prints_a_recorded_report_and_replots(tmp_path, capsys):
+    rep = report.make_report(_recorded_results(), suite="square", policy="heuristic", dtype="bf16", arch="sm_90a",
+                             cfg=timing.TimingConfig(), environment={"gpu": {"name": "NVIDIA H200"}})
+    path = report.write_json(rep, tmp_path / "r.json")
+    assert bench_main(["--show", str(path), "--plot", str(tmp_path / "p.png")]) == 0
+    out = capsys.readouterr().out
+    assert "suite square, policy heuristic, bf16, NVIDIA H200, cuda-graphs" in out
+    assert "8192x8192x8192" in out and out.count("geomean 0.993x cuBLAS") == 1
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    assert bench_main(["--show", str(tmp_path / "missing.json")]) == 2

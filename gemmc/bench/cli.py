@@ -23,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--suite", choices=("square", "llm", "cuda-l2"),
                      help="square: 256^3..16384^3; llm: Llama-3 8B/70B projections x 8 M; cuda-l2: the 10^3 grid")
     src.add_argument("--shapes", metavar="FILE", help="one 'M N K' per line (spaces or commas, '#' comments)")
+    src.add_argument("--show", metavar="REPORT",
+                     help="print the table and summary of a recorded report JSON (and re-plot it with --plot); no GPU")
     p.add_argument("--sample", type=int, metavar="N", help="a seeded random sample of N shapes of the suite")
     p.add_argument("--seed", type=int, default=0, help="seed of --sample and of the randn inputs (default 0)")
     p.add_argument("--limit", type=int, metavar="N", help="only the first N shapes")
@@ -68,10 +70,30 @@ def _shapes(args):
     return name, shapes
 
 
+def show(args) -> int:
+    from .report import format_table, load_json, plot_ratios
+    try:
+        report = load_json(args.show)
+    except (OSError, ValueError) as e:
+        print(f"gemmc bench: error: {e}", file=sys.stderr)
+        return 2
+    gpu = ((report.get("environment") or {}).get("gpu") or {}).get("name", "?")
+    print(f"{args.show}: suite {report['suite']}, policy {report['policy']}, {report['dtype']}, {gpu}, "
+          f"{report['method']['timing']}")
+    print(format_table(report["results"]))
+    print(f"\n{report['summary_line']}")
+    if args.plot:
+        print(f"plot:   {plot_ratios(report, args.plot)}")
+    return 0
+
+
 def run(args) -> int:
     from .policy import parse_policy, policy_name
     from .report import collect_environment, default_output_path, format_table, make_report, plot_ratios, write_json
     from .timing import TimingConfig, run_bench
+
+    if args.show:
+        return show(args)
 
     try:
         policy = parse_policy(args.policy, args.arch)
