@@ -290,3 +290,13 @@ def test_gpu_script_phases_run_on_cpu_with_stand_in_kernels():
     assert row["256x128x32_s4_rel_err"] > 0.5 and "256x128x32_s4_tflops" not in row
     assert row["128x128x32_s5_tflops"] == pytest.approx(row["torch_tflops"]) and row["ratio_vs_torch"] == pytest.approx(1.0)
     assert row["input_sets"] >= 2                     # rotated through >= 2x the (stand-in) L2
+
+
+def test_sm90_only_schedule_on_sm80_is_a_clear_error():
+    import gemmc
+    from gemmc.errors import ScheduleError
+    with pytest.raises(ScheduleError, match=r"(?s)SM90-only.*cluster=\(1, 1\)"):
+        gemmc.compile(GemmSpec(), schedule=Schedule(tile=(128, 256, 64), cluster=(2, 1), mode="pingpong"),
+                      arch="sm_80", emit="ir")
+    with pytest.raises(ScheduleError, match="limit 166912 B on sm_80"):     # 163 KB of shared memory
+        gemmc.compile(GemmSpec(), schedule=Schedule(tile=(128, 256, 64), stages=5), arch="sm_80", emit="ir")
