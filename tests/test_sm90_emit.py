@@ -106,6 +106,20 @@ def test_params_follow_storage_shapes(layout, batched, dtype, kinds, split_k):
         k.source)
 
 
+def test_full_input_copy_kind_follows_the_plan():
+    spec = GemmSpec(inputs=(EpilogueInput("res", "full", "bf16"), EpilogueInput("bias", "row")),
+                    epilogue=(EpilogueOp("add", (A(), I("res"))), EpilogueOp("add", (N(0), I("bias")))))
+    plan = plan_of(spec)
+    assert plan.copy("res").kind == "tma" and plan.copy("bias").kind == "ldg"
+    staged = emit(plan).source
+    assert "tma_res, tma_res_mnl = cpasync.make_tiled_tma_atom(" in staged
+    assert "s_res[(lm, ln, 0)]" in staged and "res_v[" not in staged.split("@cute.kernel")[1]
+    assert "bias_v[(en, el)]" in staged                     # row input: plain loads, as the plan says
+    copies = tuple(replace(c, kind="ldg") if c.operand == "res" else c for c in plan.copies)
+    direct = emit(replace(plan, copies=copies)).source
+    assert "tma_res" not in direct and "res_v[(em, en, el)]" in direct
+
+
 def test_static_dims_stay_numbers():
     k = emit(plan_of(GemmSpec(m="M", n=4096, k=1024)))
     assert [p.shape for p in k.params] == [("M", 1024), (4096, 1024), ("M", 4096)]
@@ -180,8 +194,10 @@ def test_epilogue_math_chains_nodes_and_constants():
 
 COMPILES = {
     "coop_1x1": (GemmSpec(), dict(tile=(128, 256, 64))),
-    "coop_2x1_nn_epi": (GemmSpec(a_layout="km", b_layout="kn", inputs=(EpilogueInput("bias", "row"),),
-                                 epilogue=(EpilogueOp("add", (A(), I("bias"))), EpilogueOp("silu", (N(0),)))),
+    "coop_2x1_nn_epi": (GemmSpec(a_layout="km", b_layout="kn",
+                                 inputs=(EpilogueInput("bias", "row"), EpilogueInput("res", "full", "bf16")),
+                                 epilogue=(EpilogueOp("add", (A(), I("bias"))), EpilogueOp("silu", (N(0),)),
+                                           EpilogueOp("add", (N(1), I("res"))))),
                         dict(cluster=(2, 1))),
     "pingpong_1x2": (GemmSpec(batch="L"), dict(cluster=(1, 2), mode="pingpong")),
     "splitk_1x1": (GemmSpec(), dict(split_k=3)),

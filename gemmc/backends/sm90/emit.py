@@ -85,6 +85,13 @@ def _mul_dim(k: int, d):
     return k * d if isinstance(d, int) else f"{k}*{d}"
 
 
+def tma_inputs(plan: KernelPlan, inputs) -> list:
+    """Full (M x N) epilogue inputs the plan loads with TMA into smem, per epilogue sub-tile.
+    Inputs without a copy in the plan, or with kind "ldg", are read straight from global memory."""
+    names = {c.operand: c for c in plan.copies}
+    return [i for i in inputs if i.kind == "full" and i.name in names and names[i.name].kind == "tma"]
+
+
 def _smem_atom(major_is_k: bool, swizzle_bytes: int) -> str:
     kind = _SWIZZLE_KIND[swizzle_bytes]
     return f"warpgroup.SmemLayoutAtomKind.{'K' if major_is_k else 'MN'}_{kind}"
@@ -170,6 +177,12 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         swizzle=plan.scheduler.swizzle, split_k=sk, sk_mode=plan.scheduler.split_k_mode,
         max_clusters=_max_clusters(plan), smem_bytes=plan.pipeline.smem_bytes)
 
+    staged = tma_inputs(plan, main_inputs)
+    for i in staged:
+        c = plan.copy(i.name)
+        facts += (f"\n{i.name.upper()}_SMEM_ATOM = {_smem_atom(True, c.swizzle_bytes)}   "
+                  f"# tma-cluster-layout: epilogue input {i.name} box {c.box}, {c.swizzle_bytes}-byte swizzle, "
+                  f"one buffer")
     if sk > 1:
         facts += "\n\n\n" + _block('''
             def k_tiles_of(l_raw, k_tile_total, num_l):
@@ -223,6 +236,19 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     store_target = "ws_mnl" if sk > 1 else "out_mnl"
     in_views = input_view_lines(main_inputs, batched)
     kernel_in_args = input_kernel_args(main_inputs)
+    staged_host = []
+    staged_storage = []
+    for i in staged:
+        nm = i.name
+        staged_host += [
+            f"# epilogue input {nm}: TMA-loaded into smem one epilogue sub-tile at a time",
+            f"{nm}_smem = _smem_layout({nm.upper()}_SMEM_ATOM, {dsl_type(i.dtype)}, EPI_TILE, 1, True)",
+            f"tma_{nm}, tma_{nm}_mnl = cpasync.make_tiled_tma_atom(",
+            f"    cpasync.CopyBulkTensorTileG2SOp(), {nm}_v, cute.slice_({nm}_smem, (None, None, 0)), EPI_TILE)",
+        ]
+        staged_storage.append(f"s_{nm}: cute.struct.Align[cute.struct.MemRange[{dsl_type(i.dtype)}, "
+                              f"cute.cosize({nm}_smem)], 1024]")
+        kernel_in_args += [f"tma_{nm}", f"tma_{nm}_mnl", f"{nm}_smem"]
     reduce_lines = []
     if sk > 1:
         reduce_lines = (["# split-K fix-up: deterministic in-order sum of the partials + the epilogue"]
@@ -266,6 +292,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
             tma_c, tma_c_mnl = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), $store_target, cute.slice_(c_smem, (None, None, 0)), EPI_TILE)
 
+        $staged_host
+
             # tile scheduler: (M tiles, N tiles, SPLIT_K * L) work units, raster order + swizzle from the plan
             tiles_mnl = cute.zipped_divide(out_mnl, tiler=(TILE_MNK[0], TILE_MNK[1]))[(0, (None, None, None))].shape
             sched_params = utils.PersistentTileSchedulerParams(
@@ -278,6 +306,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                 sA: cute.struct.Align[cute.struct.MemRange[A_DTYPE, cute.cosize(a_smem)], 1024]
                 sB: cute.struct.Align[cute.struct.MemRange[B_DTYPE, cute.cosize(b_smem)], 1024]
                 sC: cute.struct.Align[cute.struct.MemRange[STORE_DTYPE, cute.cosize(c_smem)], 1024]
+        $staged_storage
 
             gemm_kernel(tma_a, tma_a_mkl, tma_b, tma_b_nkl, tma_c, tma_c_mnl, out_mnl, tiled_mma,
                         a_smem, b_smem, c_smem, sched_params, SharedStorage$kernel_in_args).launch(
@@ -286,7 +315,9 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     ''', entry=entry, host_params=host_params, a_view=a_view, b_view=b_view, out_view=out_view,
         ws_line=("    ws_mnl = " + ws_view) if sk > 1 else "",
         in_views=_indent(in_views, 4), a_k=p.a_major == "k", b_k=p.b_major == "k", store_target=store_target,
-        kernel_in_args="".join(", " + x for x in kernel_in_args), reduce_lines=_indent(reduce_lines, 4))
+        kernel_in_args="".join(", " + x for x in kernel_in_args),
+        staged_storage=_indent(staged_storage + (["epi_load_barriers: cute.struct.MemRange[cutlass.Int64, 2]"] if staged else []), 8),
+        staged_host=_indent(staged_host, 4), reduce_lines=_indent(reduce_lines, 4))
 
     kernel = _kernel_source(plan, main_ops, main_inputs, pingpong, sk)
     parts = [header, facts, host, kernel]
@@ -305,8 +336,12 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
     p = plan.problem
     kparams = "".join(",\n    " + x for x in input_kernel_params(inputs))
 
-    # epilogue DAG on the accumulator registers (f32), per element, with its (m, n, l) coordinate
-    if ops:
+    staged = tma_inputs(plan, inputs)
+    kparams += "".join(f",\n    tma_{i.name}: cute.CopyAtom, tma_{i.name}_mnl: cute.Tensor, {i.name}_smem: cute.ComposedLayout"
+                       for i in staged)
+    staged_loop = ""
+    if ops and not staged:
+        # epilogue DAG on the accumulator registers (f32), per element, with its (m, n, l) coordinate
         vals = {i.name: input_value_expr(i, "em", "en", "el") for i in inputs}
         math_lines, result = epilogue_math_lines(ops, "cutlass.Float32(accumulators[ei])", vals)
         epi_math = _block('''
@@ -319,8 +354,61 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
             $math
                 accumulators[ei] = $result
         ''', math=_indent(math_lines, 4), result=result)
+    elif ops:
+        # full inputs staged through smem by TMA: the DAG runs per epilogue sub-tile, on the registers
+        # about to be stored, reading staged inputs at the element's position inside the sub-tile
+        vals = {i.name: input_value_expr(i, "em", "en", "el") for i in inputs}
+        for i in staged:
+            vals[i.name] = f"cutlass.Float32(s_{i.name}[(lm, ln, 0)].to(cutlass.Float32))"
+        math_lines, result = epilogue_math_lines(ops, "cutlass.Float32(tRS_rC[v])", vals)
+        parts = "\n".join(
+            f"b{i.name}_s, b{i.name}_g = cpasync.tma_partition(tma_{i.name}, 0, cute.make_layout(1), "
+            f"cute.group_modes(s_{i.name}, 0, 2), cute.zipped_divide(g_{i.name}[(None, None, tile_m, tile_n, tile_l)], "
+            f"EPI_TILE))" for i in staged)
+        epi_math = _block('''
+            # epilogue DAG (kernel-IR epilogue ops): coordinates of the registers each sub-tile stores
+            tRS_cC = tiled_r2s.retile(thr_mma_c.partition_C(cC_mnl[(None, None, tile_m, tile_n, tile_l)]))
+            $parts
+        ''', parts=parts)
+        copies = "\n".join(f"    cute.copy(tma_{i.name}, b{i.name}_g[(None, epi_mn)], b{i.name}_s[(None, 0)], "
+                           f"tma_bar_ptr=epi_bar)" for i in staged)
+        load_bytes = " + ".join(f"cute.size_in_bytes({dsl_type(i.dtype)}, cute.slice_({i.name}_smem, (None, None, 0)))"
+                                for i in staged)
+        staged_loop = _block('''
+            # epilogue inputs for this sub-tile: one TMA load into smem, completion on epi_bar
+            epi_mn = epi_grid.get_hier_coord(ep)
+            if store_warp:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(epi_bar, $load_bytes)
+            $copies
+            cute.arch.mbarrier_wait(epi_bar, epi_phase)
+            epi_phase = epi_phase ^ 1
+            for v in cutlass.range_constexpr(cute.size(tRS_rC)):
+                crd = tRS_cC[ep * cute.size(tRS_rC) + v]
+                em = cutlass.min(crd[0], num_m - 1)   # clamp: out-of-range rows/cols are never stored
+                en = cutlass.min(crd[1], num_n - 1)
+                el = tile_l
+                lm = crd[0] - tile_m * TILE_MNK[0] - epi_mn[0] * EPI_TILE[0]
+                ln = crd[1] - tile_n * TILE_MNK[1] - epi_mn[1] * EPI_TILE[1]
+            $math
+                tRS_rC[v] = $result
+        ''', load_bytes=load_bytes, copies=copies, math=_indent(math_lines, 4), result=result)
     else:
         epi_math = "# epilogue DAG: none (plain store + cast)"
+
+
+    staged_init = ""
+    if staged:
+        staged_init = _block('''
+            # epilogue-input load barriers: one per consumer warpgroup (ping-pong), else only the first
+            epi_load_bar = storage.epi_load_barriers.data_ptr()
+            if tidx == 0:
+                cute.arch.mbarrier_init(epi_load_bar, 1)
+                cute.arch.mbarrier_init(epi_load_bar + 1, 1)
+        ''') + "\n" + "\n".join(
+            f"s_{i.name} = storage.s_{i.name}.get_tensor({i.name}_smem.outer, swizzle={i.name}_smem.inner)\n"
+            f"g_{i.name} = cute.local_tile(tma_{i.name}_mnl, (TILE_MNK[0], TILE_MNK[1]), (None, None, None))"
+            for i in staged)
 
     if sk > 1:
         split_decode = _block('''
@@ -379,6 +467,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
                 cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
                 defer_sync=True,
             )
+        $staged_init
             pipeline.pipeline_init_arrive(cluster_shape_mn=CLUSTER_MN, is_relaxed=True)
 
             sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
@@ -454,12 +543,13 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
                 tile_sched = utils.StaticPersistentTileScheduler.create(
                     sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
         $consumer
-    ''', kparams=kparams, split_decode_p=_indent(split_decode.splitlines(), 12),
-        consumer=_consumer_source(plan, epi_math, split_decode, pingpong))
+    ''', kparams=kparams, staged_init=_indent(staged_init.splitlines(), 4), split_decode_p=_indent(split_decode.splitlines(), 12),
+        consumer=_consumer_source(plan, epi_math, split_decode, pingpong, staged_loop, bool(staged)))
     return src
 
 
-def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpong: bool) -> str:
+def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpong: bool, staged_loop: str,
+                     staged: bool) -> str:
     """Consumer main loop + epilogue. Cooperative: both WGs walk every tile, each owning half the rows.
     Ping-pong: WG c takes work units c, c+2, ...; ordered named barriers alternate main loops and
     epilogues between the two WGs, and the stage counter skips the other WG's k-tiles."""
@@ -501,6 +591,7 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
                 tile_sched.advance_to_next_work()
         work = tile_sched.get_current_work()
         num_tiles_done = 0
+        $staged_setup
         while work.is_valid_tile:
             tile_m, tile_n, tile_l_raw = work.tile_idx
         $split_decode
@@ -552,6 +643,7 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
             for ep in cutlass.range_constexpr(num_epi):
                 for v in cutlass.range_constexpr(cute.size(tRS_rC)):
                     tRS_rC[v] = tRS_acc[ep * cute.size(tRS_rC) + v]
+        $staged_loop
                 tRS_rC_out.store(tRS_rC.load().to(STORE_DTYPE))
                 buf = (num_tiles_done * num_epi + ep) % EPI_STAGES
                 cute.copy(tiled_r2s, tRS_rC_out, tRS_sC[(None, None, None, buf)])
@@ -572,7 +664,10 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
             tile_sched.advance_to_next_work()
             work = tile_sched.get_current_work()
         store_pipeline.producer_tail()
-    ''', split_decode=_indent(split_decode.splitlines(), 4), epi_math=_indent_tail(epi_math, 4))
+    ''', split_decode=_indent(split_decode.splitlines(), 4), epi_math=_indent_tail(epi_math, 4),
+        staged_setup=("epi_bar = epi_load_bar + (consumer_wg if PINGPONG else 0)\nepi_phase = cutlass.Int32(0)"
+                      if staged else ""),
+        staged_loop=_indent(staged_loop.splitlines(), 8))
     return _indent(body.splitlines(), 8)
 
 
