@@ -94,10 +94,14 @@ def alignment_elems(dtype: DType) -> int:
 
 
 def dim_divisibility(params) -> dict[str, int]:
-    """Each named dim's divisibility hint: 16 B worth of elements if it is some tensor's contiguous dim."""
+    """Each named dim's divisibility hint: 16 B worth of elements if it is the contiguous dim of a matrix.
+    Epilogue vectors ((N,), (M,), or (L, N) / (L, M)) set none: a column vector must not force M to a
+    multiple of 4 or 8."""
     div: dict[str, int] = {}
     for p in params:
         if p.kind != "tensor":
+            continue
+        if p.role == "input" and (len(p.shape) == 1 or (len(p.shape) == 2 and p.shape[0] == "L")):
             continue
         for i, d in enumerate(p.shape):
             if isinstance(d, str):

@@ -99,7 +99,7 @@ def param_from_dict(d: dict) -> Param:
 class _TensorCheck:
     """Everything needed to check one tensor argument, computed once."""
     __slots__ = ("name", "index", "torch_dtype", "dtype", "rank", "contig", "static", "named",
-                 "align_elems", "shape_text", "sym_dims")
+                 "align_elems", "shape_text", "sym_dims", "vector")
 
     def __init__(self, p: Param, index: int):
         import torch
@@ -117,6 +117,8 @@ class _TensorCheck:
         self.sym_dims = tuple(i for i, _ in self.named)
         self.align_elems = max(1, _ALIGN_BYTES // p.dtype.bytes)
         self.shape_text = "(" + ", ".join(str(d) for d in p.shape) + ")"
+        # epilogue vectors are read element-wise: their length need not be a multiple of 16 bytes
+        self.vector = p.role == "input" and (self.rank == 1 or (self.rank == 2 and p.shape[0] == "L"))
 
 
 def _current_raw_stream(device) -> int:
@@ -193,6 +195,11 @@ class Launcher:
         firsts = [j for j, i in enumerate(self._user) if self.params[i].kind == "tensor"]
         self._first_tensor = firsts[0] if firsts else 0
         self._template = [None] * len(self.params)
+        # Batched kernels take per-batch vectors (L, N) / (L, M); a vector without L is shared by every
+        # batch, so it is passed as a stride-0 expansion rather than copied.
+        self._batch_vectors = tuple(j for j, i in enumerate(self._user)
+                                    if self.params[i].role == "input" and len(self.params[i].shape) == 2
+                                    and self.params[i].shape[0] == "L")
         if always_validate is None:
             always_validate = os.environ.get("GEMMC_VALIDATE", "") not in ("", "0")
         self.always_validate = always_validate
@@ -272,7 +279,7 @@ class Launcher:
             raise LaunchError(f"{c.name}.stride({c.contig - c.rank}) must be 1 (dim {c.contig} is the "
                               f"contiguous one), got strides {stride}: pass {c.name}.contiguous()")
         a = c.align_elems
-        if shape[c.contig] % a and c.contig in c.sym_dims:
+        if shape[c.contig] % a and c.contig in c.sym_dims and not c.vector:
             raise LaunchError(f"{c.name}.shape[{c.contig}] = {shape[c.contig]} must be a multiple of {a} "
                               f"({_ALIGN_BYTES} bytes of {c.dtype}) because it is the contiguous dim: "
                               "pad it (e.g. torch.nn.functional.pad) and slice the result")
@@ -372,6 +379,8 @@ class Launcher:
         """Launch. Fast path: the compiled function's own prologue (TVM-FFI, in C) checks device, dtype,
         rank, shapes, strides and alignment before it launches, so here we only size the output and the
         workspace. If the prologue rejects the arguments, the Python validator explains what to change."""
+        if self._batch_vectors:
+            args = self._expand_batch_vectors(args)
         if self.always_validate or named or len(args) != self._n_user:
             return self._call_checked(args, out, named)
         try:
@@ -390,6 +399,16 @@ class Launcher:
         except (ValueError, TypeError) as e:    # raised by the prologue, before any launch
             return self._call_checked(args, out, named, rejected=e)
         return result
+
+    def _expand_batch_vectors(self, args: tuple) -> tuple:
+        lead = next((a.shape[0] for a in args if getattr(a, "dim", None) and a.dim() == 3), None)
+        if lead is None:
+            return args
+        args = list(args)
+        for j in self._batch_vectors:
+            if j < len(args) and getattr(args[j], "dim", None) and args[j].dim() == 1:
+                args[j] = args[j].expand(lead, args[j].shape[0])
+        return tuple(args)
 
     def _call_checked(self, args, out, named, rejected: Optional[Exception] = None):
         values, result = self.prepare(*args, out=out, **named)

@@ -347,3 +347,27 @@ def test_launcher_from_artifact_reads_only_meta(tmp_path):
     k = launcher_from_artifact(art)
     assert k.params == toy_params() and k.name == "toy_axpy"
     assert k._function is None                    # nothing loaded until the first call
+
+
+BATCHED_PARAMS = (
+    Param("a", "tensor", DType.bf16, ("L", "M", "K"), -1, role="a"),
+    Param("b", "tensor", DType.bf16, ("L", "N", "K"), -1, role="b"),
+    Param("out", "tensor", DType.bf16, ("L", "M", "N"), -1, role="out"),
+    Param("bias", "tensor", DType.bf16, ("L", "N"), -1, role="input"),
+)
+
+
+@pytest.mark.parametrize("always_validate", [True, False])
+def test_batched_kernel_shares_an_unbatched_vector_without_copying(always_validate):
+    k, rec = cpu_launcher(BATCHED_PARAMS, always_validate=always_validate)
+    a = torch.randn(3, 16, 32).bfloat16()
+    b = torch.randn(3, 8, 32).bfloat16()
+    bias = torch.randn(8).bfloat16()
+    out = k(a, b, bias)
+    assert out.shape == (3, 16, 8)
+    passed = rec.calls[-1][3]
+    assert passed.shape == (3, 8) and passed.stride() == (0, 1)
+    assert passed.data_ptr() == bias.data_ptr()
+    per_batch = torch.randn(3, 8).bfloat16()       # a per-batch vector passes through untouched
+    k(a, b, per_batch)
+    assert rec.calls[-1][3] is per_batch

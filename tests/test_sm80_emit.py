@@ -222,8 +222,8 @@ def test_gpu_harness_reference_and_nan_check_on_cpu():
     from gemmc.backends.sm80.gpucheck import CHECK_VARIANTS, make_inputs, run_checked, torch_reference
     spec = GemmSpec(**CHECK_VARIANTS["tt_splitk2_epi_batched"][0])      # kn layout, batch, row/full/scalar, gelu
     a, b, extra = make_inputs(spec, 9, 16, 24, 2, "cpu", torch.Generator().manual_seed(0))
-    assert a.shape == (2, 9, 24) and b.shape == (2, 24, 16) and extra[0].shape == (2, 16) and extra[1].shape == (2, 9, 16)
-    want = torch.nn.functional.gelu((a.float() @ b.float()) * extra[2] + extra[0].float()[:, None, :],
+    assert a.shape == (2, 9, 24) and b.shape == (2, 24, 16) and extra[0].shape == (16,) and extra[1].shape == (2, 9, 16)
+    want = torch.nn.functional.gelu((a.float() @ b.float()) * extra[2] + extra[0].float(),
                                     approximate="tanh") + extra[1].float()
     assert torch.allclose(torch_reference(spec, a, b, extra), want, atol=1e-5)
 

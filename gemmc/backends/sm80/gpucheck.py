@@ -8,6 +8,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ...schedule import Schedule
+from ...reference import make_inputs, rel_frobenius  # noqa: F401  (re-exported for tests/scripts)
+from ...reference import reference as torch_reference
 from ...spec import EpilogueInput, EpilogueOp, GemmSpec, Ref
 
 A, I, C, N = Ref.acc, Ref.input, Ref.const, Ref.node
@@ -53,97 +55,6 @@ def hopper_launcher(spec: GemmSpec, schedule: Schedule):
     _, plan = lower(spec, schedule.with_(arch="sm_80"))
     emitted = emit(plan, compile_arch="sm_90a")
     return plan, emitted, jit_callable(emitted)
-
-
-def make_inputs(spec: GemmSpec, m: int, n: int, k: int, batch: int, device, generator):
-    """randn A, B (storage shapes of the spec's layouts) and the epilogue inputs in spec order
-    (tensors get a leading batch dim when the spec is batched; scalars are Python floats)."""
-    import torch
-    from ...types import torch_dtype
-    lead = (batch,) if spec.batch is not None else ()
-    dt = torch_dtype(spec.dtype)
-
-    def randn(shape, dtype):
-        return torch.randn(shape, device=device, dtype=torch.float32, generator=generator).to(dtype)
-
-    a = randn(lead + ((m, k) if spec.a_layout == "mk" else (k, m)), dt)
-    b = randn(lead + ((n, k) if spec.b_layout == "nk" else (k, n)), dt)
-    extra = []
-    for i, inp in enumerate(spec.inputs):
-        if inp.kind == "scalar":
-            extra.append(0.5 + 0.25 * i)
-        else:
-            shape = {"row": (n,), "col": (m,), "full": (m, n)}[inp.kind]
-            extra.append(randn(lead + shape, torch_dtype(inp.dtype)))
-    return a, b, extra
-
-
-def torch_reference(spec: GemmSpec, a, b, extra):
-    """out = epilogue(A @ B) in fp32 from the upcast inputs, shaped (L?, M, N)."""
-    import torch
-    import torch.nn.functional as F
-    from ...types import torch_dtype
-
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        a32 = a.float() if spec.a_layout == "mk" else a.float().transpose(-2, -1)   # (.., M, K)
-        b32 = b.float().transpose(-2, -1) if spec.b_layout == "nk" else b.float()   # (.., K, N)
-        acc = torch.matmul(a32, b32)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
-
-    values = {}
-    for inp, x in zip(spec.inputs, extra):
-        if inp.kind == "scalar":
-            values[inp.name] = float(x)
-        elif inp.kind == "row":                    # (.., N) broadcast over rows
-            values[inp.name] = x.float().unsqueeze(-2)
-        elif inp.kind == "col":                    # (.., M) broadcast over columns
-            values[inp.name] = x.float().unsqueeze(-1)
-        else:
-            values[inp.name] = x.float()
-    nodes = []
-
-    def get(r):
-        if r.kind == "acc":
-            return acc
-        if r.kind == "input":
-            return values[r.value]
-        if r.kind == "const":
-            return float(r.value)
-        return nodes[int(r.value)]
-
-    unary = {
-        "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "silu": F.silu,
-        "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu_erf": lambda x: F.gelu(x),
-    }
-    for op in spec.epilogue:
-        x = get(op.args[0])
-        if op.op in ("add", "sub", "mul", "div"):
-            y = get(op.args[1])
-            r = {"add": lambda: x + y, "sub": lambda: x - y, "mul": lambda: x * y, "div": lambda: x / y}[op.op]()
-            if not isinstance(r, torch.Tensor):
-                r = torch.full_like(acc, r)
-        elif op.op == "clamp":
-            r = torch.clamp(x, min=op.attr("min"), max=op.attr("max"))
-        elif op.op == "cast":
-            r = x.to(torch_dtype(op.attr("dtype"))).float()
-        else:
-            r = unary[op.op](x)
-        nodes.append(r)
-    return nodes[-1] if nodes else acc
-
-
-def rel_frobenius(out, ref) -> float:
-    """||out - ref||_F / ||ref||_F; inf when `out` holds a non-finite value (e.g. an unwritten NaN)."""
-    import torch
-    o = out.float()
-    if not torch.isfinite(o).all():
-        return float("inf")
-    denom = torch.linalg.vector_norm(ref).item()
-    num = torch.linalg.vector_norm(o - ref).item()
-    return num / denom if denom else (0.0 if num == 0 else float("inf"))
 
 
 def run_checked(spec: GemmSpec, launcher, m: int, n: int, k: int, batch: int, device, seed: int = 0) -> float:
