@@ -19,6 +19,18 @@ from gemmc.bench.policy import PolicyError, parse_policy, parse_schedule, policy
 from gemmc.errors import SpecError
 from gemmc.schedule import MODES, RASTERS, SWIZZLES, Schedule
 
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """The fake kernels do thousands of tiny CPU matmuls: with more threads than free cores each one
+    takes milliseconds instead of microseconds."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # ---- suites ----------------------------------------------------------------------------------------
 
 

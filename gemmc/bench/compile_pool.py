@@ -51,6 +51,15 @@ def compile_worker(job: dict, dtype: str = "bf16", arch: str = "sm_90a") -> dict
         return {"job": job, "ok": False, "error": msg[:2000], "compile_s": time.perf_counter() - t0}
 
 
+def warm_worker() -> None:
+    """Pool initializer: pay the compiler's imports once per worker, outside any job's compile_s."""
+    try:
+        import gemmc.compiler  # noqa: F401
+        import cutlass.cute  # noqa: F401
+    except Exception:  # noqa: BLE001  a job will report the real error
+        pass
+
+
 def _key(sched: dict) -> str:
     import json
     return json.dumps(sched, sort_keys=True)
@@ -69,7 +78,8 @@ class CompilePool:
         if not self.jobs:
             return
         ctx = mp.get_context("spawn")
-        self._pool = ctx.Pool(max(1, min(workers, len(self.jobs))))
+        self._pool = ctx.Pool(max(1, min(workers, len(self.jobs))),
+                              initializer=warm_worker if worker is compile_worker else None)
         self._it = self._pool.imap_unordered(partial(worker, dtype=dtype, arch=arch), self.jobs, chunksize=1)
 
     def collect(self, deadline: float, on_result: Optional[Callable[[dict], None]] = None) -> dict[str, dict]:
