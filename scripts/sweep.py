@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("sweep: no CUDA GPU visible; use --dry-run on a CPU host", file=sys.stderr)
         return 2
-    out = args.out or default_out_path()
+    out = args.out or default_out_path(torch.cuda.get_device_name(0))
     footer = run_sweep(shapes, cfg, out, space=space, exclude=exclude, progress=not args.quiet)
     return 0 if footer["shapes_done"] else 1
 

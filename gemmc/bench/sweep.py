@@ -15,7 +15,6 @@ Plan (fits a few minutes of one H200):
 """
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import os
 import statistics
@@ -386,5 +385,7 @@ METHOD_TEXT = (
     "cublas_us is that careful cuBLAS median for the shape.")
 
 
-def default_out_path(gpu: str = "h200") -> str:
-    return f"bench/data/{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d}-{gpu}-sweep.jsonl.gz"
+def default_out_path(gpu_name: Optional[str] = None) -> str:
+    """bench/data/<date>-<gpu>-sweep.jsonl.gz, the GPU tag as in the bench reports (e.g. h200)."""
+    from .report import default_output_path
+    return str(default_output_path("sweep", gpu_name, root="bench/data")).replace(".json", ".jsonl.gz")
