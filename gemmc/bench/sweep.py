@@ -32,7 +32,7 @@ from ..spec import GemmSpec
 from .dataset import DatasetWriter
 from .suites import Shape, cuda_l2, dedupe, llm, square
 from .timing import (CudaClock, TimingConfig, check_output, cublas_matmul, input_set_count, l2_bytes_of,
-                     launch_count, make_input_sets, reference, time_interleaved, unit_calls)
+                     launch_count, make_input_sets, reference, spin_up, time_interleaved, unit_calls)
 
 SWEEP_SPACE = ScheduleSpace(tile_m=(64, 128, 256), tile_n=(64, 128, 192, 256), tile_k=(64,),
                             clusters=((1, 1), (2, 1), (1, 2)), modes=MODES, rasters=RASTERS, swizzles=(1, 8),
@@ -175,7 +175,8 @@ def measure_shape(shape: Shape, schedules: Sequence[Schedule], kernels: dict, co
         recs[s] = rec
         k = kernels.get(s)
         if k is None:
-            rec["error"] = "compile: " + str(info.get("error") or "not compiled")
+            err = str(info.get("error") or "not compiled")
+            rec["error"] = err if err.startswith("load: ") else "compile: " + err
             continue
         if broken:
             rec["error"] = "run: skipped, the CUDA context failed earlier in this shape"
@@ -326,6 +327,8 @@ def run_sweep(shapes: Sequence[Shape], cfg: SweepConfig, out_path, *, space: Sch
               "compile": {"workers": cfg.workers, "wall_s": round(compile_wall, 1), "ok": n_ok,
                           "failed": len(union) - n_ok}}
     writer = DatasetWriter(out_path, header)
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        spin_up(device=device)  # the GPU idled while the compiles finished: back to working clocks
     order = sorted(shapes, key=lambda sh: predict_shape_s(t_est[sh], len(per_shape[sh]), cfg))
     done, skipped, calib, total_ok = [], [], 1.0, 0
     stop_reason = None
