@@ -524,11 +524,13 @@ class FakePool:
         return out
 
 
-def _fake_sweep(tmp_path, shapes, cfg=None, broken=(), wrong=(), **kw):
+def _fake_sweep(tmp_path, shapes, cfg=None, broken=(), wrong=(), load_fail=(), **kw):
     clock = VirtualClock()
     made = {}
 
     def load_kernel(s):
+        if s.short() in load_fail:
+            raise OSError("corrupt .so")
         # the faster, the wider the tile and the less split-K; one schedule computes garbage
         us = 30.0 - s.tile[1] / 16 + 3 * s.split_k
         made[s] = FakeKernel(clock, us, s.short(), wrong=s.short() in wrong, schedule=s)
@@ -666,3 +668,10 @@ def test_cli_show_prints_a_recorded_report_and_replots(tmp_path, capsys):
     assert "8192x8192x8192" in out and out.count("geomean 0.993x cuBLAS") == 1
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     assert bench_main(["--show", str(tmp_path / "missing.json")]) == 2
+
+
+def test_sweep_records_a_kernel_that_fails_to_load(tmp_path):
+    name = "128x128x64_c1x1_coop_sauto_rm_sw1_k1"
+    footer, _, (header, recs) = _fake_sweep(tmp_path, [suites.Shape(64, 64, 64)], load_fail=(name,))
+    errs = {Schedule.from_dict(r["schedule"]).short(): r["error"] for r in recs}
+    assert errs[name] == "load: OSError: corrupt .so" and errs["128x64x64_c1x1_coop_sauto_rm_sw1_k1"] is None
