@@ -77,14 +77,11 @@ VARIANTS = {
 # hand-picked schedules for the speed comparison (one compiled kernel serves every shape)
 SPEED = {
     "coop_128x256_c2x1": S((128, 256, 64), (2, 1)),
-    "coop_128x256_c1x2": S((128, 256, 64), (1, 2)),
-    "coop_128x256_c1x1": S((128, 256, 64)),
-    "coop_256x128_c1x2": S((256, 128, 64), (1, 2)),
     "coop_128x256_c2x1_sw8": S((128, 256, 64), (2, 1), swizzle=8),
-    "coop_128x256_c1x2_sw8": S((128, 256, 64), (1, 2), swizzle=8),
+    "coop_128x256_c1x2": S((128, 256, 64), (1, 2)),
+    "coop_256x128_c1x2": S((256, 128, 64), (1, 2)),
     "pp_128x128_c2x1": S((128, 128, 64), (2, 1), mode="pingpong"),
-    "pp_64x256_c2x1": S((64, 256, 64), (2, 1), mode="pingpong"),
-    "pp_64x256_c1x2": S((64, 256, 64), (1, 2), mode="pingpong"),
+    "pp_128x128_c2x1_sw8": S((128, 128, 64), (2, 1), mode="pingpong", swizzle=8),
 }
 # issue 3's shapes: 2048^3 .. 16384^3 and the Llama-3 prefill shapes (M=4096)
 SPEED_SHAPES = [(2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (16384, 16384, 16384),

@@ -606,6 +606,7 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
             num_k_blocks = cute.size(tCrA, mode=[2])
             for kt in range(k_count):
                 ab_pipeline.consumer_wait(read_state)
+                warpgroup.fence()   # order this batch after the previous one's register use
                 for kb in cutlass.range_constexpr(num_k_blocks):
                     cute.gemm(tiled_mma, accumulators, tCrA[(None, None, kb, read_state.index)],
                               tCrB[(None, None, kb, read_state.index)], accumulators)
