@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gemmc.backends.sm90 import emit  # noqa: E402
-from gemmc.backends.sm90.handplan import plan_for  # noqa: E402
+from gemmc.compiler import lower  # noqa: E402
 from gemmc.schedule import Schedule  # noqa: E402
 from gemmc.spec import EpilogueInput, EpilogueOp, GemmSpec, Ref  # noqa: E402
 
@@ -97,7 +97,7 @@ def make_spec(kw: dict) -> GemmSpec:
 def emitted_for(name: str):
     kw, sched = VARIANTS[name] if name in VARIANTS else ({}, SPEED[name])
     spec = make_spec(kw)
-    return spec, emit(plan_for(spec, sched))
+    return spec, emit(lower(spec, sched, "sm_90a")[1])
 
 
 def check_ptx(name: str, ptx: str, sched: Schedule) -> list[str]:

@@ -70,7 +70,12 @@ def test_source_is_split_into_role_blocks():
                   "# ---- consumer warpgroups", "WGMMA main loop", "# ---- epilogue store", "ordered barriers"):
         assert block in src, block
     assert "PINGPONG = True" in src
-    assert "PINGPONG = False" in emit(plan_of(GemmSpec())).source
+    coop = emit(plan_of(GemmSpec())).source
+    assert "PINGPONG = False" in coop
+    # only the plan's mode is emitted: ping-pong's ordered barriers exist in its kernel alone
+    assert "mma_turn.arrive_and_wait()" in src and "epi_next.arrive()" in src
+    assert "mma_turn" not in coop and "const_expr(PINGPONG)" not in coop + src
+    assert "epi_threads = 128 * NUM_CONSUMER_WG" in coop and "epi_threads = 128\n" in src
     compile(src, "<emitted>", "exec")   # valid Python
 
 

@@ -323,7 +323,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     parts = [header, facts, host, kernel]
     if sk > 1:
         parts.append(splitk_reduce_source(ops, inputs, sk, p.out_dtype).strip("\n"))
-    source = "\n\n\n".join(parts) + "\n"
+    source = resolve_mode("\n\n\n".join(parts), pingpong)
+    source = "\n".join(ln.rstrip() for ln in source.split("\n")) + "\n"
     return EmittedKernel(arch="sm_90a", source=source, entry=entry, params=params, compile_arch="sm_90a")
 
 
@@ -572,9 +573,9 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
 
         read_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, AB_STAGES)
         release_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, AB_STAGES)
-        # ping-pong: ordered barriers (ids 3/4 main loop, 5/6 epilogue) hand the tensor cores and the
-        # store path back and forth; WG 1 opens both for WG 0 first
         if cutlass.const_expr(PINGPONG):
+            # ping-pong: ordered barriers (ids 3/4 main loop, 5/6 epilogue) hand the tensor cores and the
+            # store path back and forth; WG 1 opens both for WG 0 first
             mma_turn = pipeline.NamedBarrier(barrier_id=3 + consumer_wg, num_threads=256)
             mma_next = pipeline.NamedBarrier(barrier_id=4 - consumer_wg, num_threads=256)
             epi_turn = pipeline.NamedBarrier(barrier_id=5 + consumer_wg, num_threads=256)
@@ -670,6 +671,44 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
                       if staged else ""),
         staged_loop=_indent(staged_loop.splitlines(), 8))
     return _indent(body.splitlines(), 8)
+
+
+def resolve_mode(source: str, pingpong: bool) -> str:
+    """Keep only the code of the plan's mode: `if cutlass.const_expr(PINGPONG):` blocks are inlined
+    (ping-pong) or dropped (cooperative), so a reader sees one kernel, not both."""
+    out: list[str] = []
+    lines = source.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.strip() == "if cutlass.const_expr(PINGPONG):":
+            indent = len(line) - len(line.lstrip())
+            j = i + 1
+            while j < len(lines) and (not lines[j].strip() or len(lines[j]) - len(lines[j].lstrip()) > indent):
+                j += 1
+            while j > i + 1 and not lines[j - 1].strip():   # trailing blank lines stay outside the block
+                j -= 1
+            if pingpong:
+                out.extend(ln[4:] if ln.strip() else ln for ln in lines[i + 1:j])
+            i = j
+            continue
+        out.append(line)
+        i += 1
+    text = "\n".join(out)
+    for both, (pp, coop) in _MODE_EXPRS.items():
+        text = text.replace(both, pp if pingpong else coop)
+    return text
+
+
+# mode-dependent expressions of the kernel template, resolved at emission
+_MODE_EXPRS = {
+    "1 if PINGPONG else NUM_CONSUMER_WG": ("1", "NUM_CONSUMER_WG"),
+    "0 if PINGPONG else consumer_wg": ("0", "consumer_wg"),
+    "tidx % 128 if PINGPONG else tidx - 128": ("tidx % 128", "tidx - 128"),
+    "128 if PINGPONG else 128 * NUM_CONSUMER_WG": ("128", "128 * NUM_CONSUMER_WG"),
+    "(consumer_wg if PINGPONG else 0)": ("consumer_wg", "0"),
+    "(warp_group_idx * 4 if PINGPONG else 4)": ("warp_group_idx * 4", "4"),
+}
 
 
 def _indent_tail(text: str, n: int) -> str:
