@@ -7,7 +7,13 @@ decision is made here or in the kernel. Blocks by role:
   scheduler : persistent static scheduler (raster order, swizzle), split-K decode of the L coordinate
   producer  : one warp of the producer warpgroup, setmaxnreg down, TMA (multicast) into the smem ring
   consumer  : setmaxnreg up, WGMMA main loop (cooperative: 2 WGs split a tile; ping-pong: alternate tiles)
-  epilogue  : the plan's epilogue DAG on the accumulators, cast, registers -> smem -> TMA store
+  epilogue  : the plan's epilogue DAG on the accumulators, cast, registers -> smem -> TMA store;
+              full inputs whose plan copy is "tma" are TMA-loaded into smem per epilogue sub-tile,
+              the others (copy "ldg", row/col vectors) are read from global memory per element
+Only the plan's mode is emitted (`resolve_mode`). Split-K (plan.scheduler.split_k > 1): the main kernel
+stores f32 partials to the workspace and the shared reduce kernel (backends/common.py) applies the
+epilogue; both launch from the same host function. The PTX comes from compiling with
+`--keep-ptx --dump-dir <dir>` (the compiled object's `__ptx__`; see gemmc/build.py).
 """
 from __future__ import annotations
 
@@ -53,9 +59,7 @@ def _check(plan: KernelPlan) -> None:
 def params_of(plan: KernelPlan) -> tuple[Param, ...]:
     """The compiled function's arguments, in order (the stream follows them)."""
     p = plan.problem
-    lead = ("L",) if p.batch is not None else ()
-    L = (p.batch,) if p.batch is not None else ()
-    lead = L
+    lead = (p.batch,) if p.batch is not None else ()
     a_shape = (p.m, p.k) if p.a_major == "k" else (p.k, p.m)
     b_shape = (p.n, p.k) if p.b_major == "k" else (p.k, p.n)
     out = [Param("a", "tensor", p.a_dtype, lead + a_shape, role="a"),
@@ -71,7 +75,7 @@ def params_of(plan: KernelPlan) -> tuple[Param, ...]:
     if sk > 1:
         batch = p.batch if p.batch is not None else 1
         elems = f"{sk} * ({_dim_expr(batch)}) * ({_dim_expr(p.m)}) * ({_dim_expr(p.n)})"
-        # (SPLIT_K * L, M, N) f32 partials; split s of batch l at s * L + l
+        # flat f32 partials, viewed in the kernel as (M, N, SPLIT_K * L): split s of batch l at s * L + l
         out.append(Param("workspace", "workspace", DType.f32, (elems,), role="workspace",
                          workspace_elems=elems))
     return tuple(out)
