@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gemmc.backends.sm90 import emit  # noqa: E402
 from gemmc.compiler import lower  # noqa: E402
+from gemmc.reference import make_inputs, reference, rel_frobenius  # noqa: E402
 from gemmc.schedule import Schedule  # noqa: E402
 from gemmc.spec import EpilogueInput, EpilogueOp, GemmSpec, Ref  # noqa: E402
 
@@ -111,67 +112,7 @@ def check_ptx(name: str, ptx: str, sched: Schedule) -> list[str]:
     return errs
 
 
-# ---- torch side ---------------------------------------------------------------------------------
-
-def make_inputs(spec: GemmSpec, m, n, k, batch, dev, gen):
-    import torch
-    from gemmc.types import torch_dtype
-    dt = torch_dtype(spec.dtype)
-    lead = (batch,) if spec.batch is not None else ()
-    a = torch.randn(lead + ((m, k) if spec.a_layout == "mk" else (k, m)), device=dev, dtype=dt, generator=gen)
-    b = torch.randn(lead + ((n, k) if spec.b_layout == "nk" else (k, n)), device=dev, dtype=dt, generator=gen)
-    extra = []
-    for inp in spec.inputs:
-        if inp.kind == "scalar":
-            extra.append(0.75)
-            continue
-        shape = {"row": (n,), "col": (m,), "full": (m, n)}[inp.kind]
-        extra.append(torch.randn(lead + shape, device=dev, dtype=torch_dtype(inp.dtype), generator=gen))
-    return a, b, extra
-
-
-def reference(spec: GemmSpec, a, b, extra):
-    import torch
-    from gemmc.types import torch_dtype
-    af = a.float() if spec.a_layout == "mk" else a.float().transpose(-1, -2)
-    bf = b.float().transpose(-1, -2) if spec.b_layout == "nk" else b.float()
-    acc = af @ bf
-    env = {}
-    for inp, v in zip(spec.inputs, extra):
-        if inp.kind == "scalar":
-            env[inp.name] = torch.tensor(v, device=acc.device)
-        elif inp.kind == "col":
-            env[inp.name] = v.float().unsqueeze(-1)
-        elif inp.kind == "row":
-            env[inp.name] = v.float().unsqueeze(-2)
-        else:
-            env[inp.name] = v.float()
-    nodes = []
-
-    def val(r):
-        return {"acc": lambda: acc, "input": lambda: env.get(r.value), "const": lambda: torch.tensor(r.value),
-                "node": lambda: nodes[int(r.value)]}[r.kind]()
-
-    for op in spec.epilogue:
-        x = val(op.args[0])
-        y = val(op.args[1]) if len(op.args) > 1 else None
-        f = {"add": lambda: x + y, "sub": lambda: x - y, "mul": lambda: x * y, "div": lambda: x / y,
-             "relu": lambda: torch.relu(x), "gelu_tanh": lambda: torch.nn.functional.gelu(x, approximate="tanh"),
-             "gelu_erf": lambda: torch.nn.functional.gelu(x), "silu": lambda: torch.nn.functional.silu(x),
-             "sigmoid": lambda: torch.sigmoid(x), "tanh": lambda: torch.tanh(x),
-             "clamp": lambda: torch.clamp(x, op.attr("min"), op.attr("max")),
-             "cast": lambda: x.to(torch_dtype(op.attr("dtype"))).float()}[op.op]
-        nodes.append(f())
-    return nodes[-1] if nodes else acc
-
-
-def rel_err(out, ref) -> float:
-    import torch
-    o = out.float()
-    if not torch.isfinite(o).all():
-        return float("inf")
-    return (torch.linalg.norm(o - ref) / max(torch.linalg.norm(ref).item(), 1e-30)).item()
-
+# ---- torch side (inputs, fp32 reference and error: gemmc.reference) ---------------------------------
 
 class Watchdog:
     """A hung kernel blocks forever in synchronize: exit the process (with a note) instead of burning GPU time."""
@@ -204,7 +145,7 @@ def check(name, fn, spec, shapes, dev, log):
         if spec.a_layout == "km" or any(i.kind == "col" for i in spec.inputs):
             m = -(-m // 8) * 8      # M is a contiguous dim here: 16-byte alignment
         batch = 3 if spec.batch is not None else 1
-        a, b, extra = make_inputs(spec, m, n, k, batch, dev, gen)
+        a, b, extra = make_inputs(spec, m, n, k, batch, device=dev, generator=gen)
         lead = (batch,) if spec.batch is not None else ()
         out = torch.full(lead + (m, n), float("nan"), device=dev, dtype=torch_dtype(spec.out_dtype))
         t0 = time.time()
@@ -212,7 +153,7 @@ def check(name, fn, spec, shapes, dev, log):
             WATCHDOG.arm(f"{name} {m}x{n}x{k}", 60)
         fn(a, b, *extra, out=out)
         torch.cuda.synchronize()
-        err = rel_err(out, reference(spec, a, b, extra))
+        err = rel_frobenius(out, reference(spec, a, b, extra))
         ok = err < 1e-2
         results.append({"variant": name, "m": m, "n": n, "k": k, "batch": batch, "rel_err": err, "ok": ok})
         log(f"  {name:24s} {m}x{n}x{k}{'x' + str(batch) if lead else ''}: rel_err={err:.2e} {'OK' if ok else 'FAIL'}"
