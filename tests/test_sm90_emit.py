@@ -205,7 +205,7 @@ COMPILES = {
                                            EpilogueOp("add", (N(1), I("res"))))),
                         dict(cluster=(2, 1))),
     "pingpong_1x2": (GemmSpec(batch="L"), dict(cluster=(1, 2), mode="pingpong")),
-    "splitk_1x1": (GemmSpec(), dict(split_k=3)),
+    "splitk_1x1_static_nk": (GemmSpec(m="M", n=4096, k=1024), dict(split_k=3)),
 }
 
 
