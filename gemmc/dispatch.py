@@ -1,0 +1,131 @@
+"""`schedule="auto"`: which schedule a problem runs with, and whether cuBLAS should run it instead.
+
+Order: 1. the tuning DB's best for this exact problem; 2. a tuned neighbour (same N, K, dtypes,
+layouts, epilogue; M within 2x) or else the trained policy, or else a farther neighbour; 3. the
+analytic heuristic. A plain GEMM goes to torch.matmul when the DB measured cuBLAS faster on this
+exact problem; a fused epilogue never does (cuBLAS would need extra passes to match it).
+`resolve_auto` reads the DB and never writes it: it is a function of (spec, arch, db contents).
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from .schedule import Schedule, default_schedule, enumerate_schedules, is_valid
+from .spec import GemmSpec
+from .types import as_arch
+
+NEAR_LOG2 = 1.0      # a neighbour within 2x in M (same N, K) beats the policy
+FAR_LOG2 = 3.0       # beyond this log2 distance over (M, N, K) a neighbour is not used at all
+
+
+@dataclass(frozen=True)
+class Decision:
+    schedule: Schedule
+    source: str               # "db" | "policy" | "nearest" | "heuristic"
+    use_cublas: bool = False
+    detail: str = ""
+
+
+def _concrete(spec: GemmSpec, m: Optional[int]) -> Optional[GemmSpec]:
+    if m is not None and not isinstance(spec.m, int):
+        spec = replace(spec, m=int(m))
+    return spec if all(isinstance(d, int) for d in (spec.m, spec.n, spec.k)) else None
+
+
+def _open_db(db):
+    from .search.db import TuningDB
+    if db is None or isinstance(db, (str, bytes)) or hasattr(db, "__fspath__"):
+        return TuningDB.open_existing(db), True
+    return db, False
+
+
+_policy_cache: dict = {}
+_policy_lock = threading.Lock()
+
+
+def _policy(db):
+    """The DB's policy, loaded once per (file, save time)."""
+    stamp = db.policy_stamp()
+    if stamp is None:
+        return None
+    key = (str(db.path), stamp)
+    with _policy_lock:
+        if key not in _policy_cache:
+            try:
+                _policy_cache[key] = db.load_policy()
+            except Exception:   # an incompatible policy is skipped, not fatal: the heuristic still answers
+                _policy_cache[key] = None
+        return _policy_cache[key]
+
+
+def _neighbours(db, spec: GemmSpec, arch: str, gpu_name: Optional[str]):
+    """Tuned problems with the same dtypes/layouts/epilogue, nearest first, by log2 distance."""
+    from .search.db import problem_fields
+    want = problem_fields(spec, arch)
+    same = ("dtype", "out_dtype", "acc_dtype", "a_layout", "b_layout", "epilogue_class", "arch", "batch")
+    out = []
+    for e in db.best_all(arch):
+        if any(e.fields[f] != want[f] for f in same) or (gpu_name is not None and e.gpu_name != gpu_name):
+            continue
+        d = math.sqrt(sum(math.log2(e.fields[x] / want[x]) ** 2 for x in ("m", "n", "k")))
+        out.append((d, e))
+    out.sort(key=lambda t: t[0])
+    return out
+
+
+def heuristic_schedule(spec: GemmSpec, arch: str) -> Schedule:
+    """The analytic heuristic's choice (gemmc.heuristic), else the first feasible default."""
+    try:
+        from .heuristic import choose_schedule
+        s = choose_schedule(spec, arch=arch)
+        if isinstance(s, Schedule) and (not _concrete(spec, None) or is_valid(s, spec)):
+            return s
+    except ImportError:
+        pass
+    s = default_schedule(arch)
+    if _concrete(spec, None) is None or is_valid(s, spec):
+        return s
+    feasible = enumerate_schedules(spec, arch)
+    return feasible[0] if feasible else s
+
+
+def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, db=None,
+                 gpu_name: Optional[str] = None) -> Decision:
+    """The schedule for `spec` (M may be symbolic: pass the runtime `m`); see the module docstring.
+
+    `db`: a TuningDB, a path, or None for the default location (a missing file means no tuning)."""
+    arch = as_arch(arch)
+    conc = _concrete(spec, m)
+    tdb, owned = _open_db(db) if conc is not None else (None, False)
+    try:
+        if tdb is not None:
+            exact = tdb.best(conc, arch, gpu_name)
+            if exact is not None and is_valid(exact.schedule, conc):
+                faster = exact.cublas_us is not None and exact.cublas_us < exact.time_us
+                plain = not conc.has_epilogue
+                return Decision(exact.schedule, "db", use_cublas=bool(faster and plain),
+                                detail=f"{exact.time_us:.2f} us vs cuBLAS "
+                                       f"{exact.cublas_us if exact.cublas_us is not None else float('nan'):.2f} us "
+                                       f"({exact.n_measured} measured, {exact.gpu_name})")
+            near = [(d, e) for d, e in _neighbours(tdb, conc, arch, gpu_name) if is_valid(e.schedule, conc)]
+            close = [(d, e) for d, e in near if d <= NEAR_LOG2 and e.fields["n"] == conc.n and e.fields["k"] == conc.k]
+            if close:
+                d, e = close[0]
+                return Decision(e.schedule, "nearest", detail=f"tuned {e.fields['m']}x{e.fields['n']}x{e.fields['k']}")
+            pol = _policy(tdb)
+            if pol is not None:
+                feasible = enumerate_schedules(conc, arch)
+                if feasible:
+                    return Decision(pol.best(conc, feasible), "policy",
+                                    detail=f"policy trained on {pol.trained_shapes} shapes")
+            far = [(d, e) for d, e in near if d <= FAR_LOG2]
+            if far:
+                d, e = far[0]
+                return Decision(e.schedule, "nearest", detail=f"tuned {e.fields['m']}x{e.fields['n']}x{e.fields['k']}")
+        return Decision(heuristic_schedule(conc or spec, arch), "heuristic")
+    finally:
+        if owned and tdb is not None:
+            tdb.close()

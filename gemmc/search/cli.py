@@ -1,0 +1,265 @@
+"""`gemmc-search`: tune on the GPU, report, export/import, simulate on recorded data.
+
+  gemmc-search tune --suite llm --dtype bf16 --strategy bayes --budget 24
+  gemmc-search report
+  gemmc-search export tuned.json.gz / import tuned.json.gz
+  gemmc-search train-policy
+  gemmc-search simulate --data bench/data/<dataset> --strategy all --budget 4,8,16,32 --seeds 20 [--json]
+  gemmc-search synth bench/data/synthetic.jsonl.gz     (a synthetic dataset, for CPU development)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+from .strategy import STRATEGIES
+
+
+def _budgets(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--budget {text!r}: use comma-separated integers, e.g. 4,8,16,32")
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"--budget {text!r}: budgets must be positive")
+    return out
+
+
+def _strategies(text: str) -> list[str]:
+    names = list(STRATEGIES) if text == "all" else [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in STRATEGIES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown strategy {bad[0]!r}; use {', '.join(STRATEGIES)} or all")
+    return names
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gemmc-search", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--db", help="tuning database (default: $GEMMC_TUNING_DB or <cache dir>/tuning.sqlite)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("tune", help="search schedules on the GPU and store every measurement")
+    src = t.add_mutually_exclusive_group(required=True)
+    src.add_argument("--suite", help="a bench suite: square, llm, cuda-l2")
+    src.add_argument("--shapes", help="a file of 'M N K' lines")
+    t.add_argument("--sample", type=int, help="a seeded sample of the suite's shapes")
+    t.add_argument("--dtype", default="bf16")
+    t.add_argument("--arch", default="sm_90a")
+    t.add_argument("--strategy", default="bayes", choices=STRATEGIES)
+    t.add_argument("--budget", type=int, default=24, help="measurements per shape (stored ones count: resume)")
+    t.add_argument("--batch", type=int, default=4, help="schedules proposed and compiled together")
+    t.add_argument("--workers", type=int, default=4, help="compile worker processes")
+    t.add_argument("--compile-timeout", type=float, default=600.0)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--no-train-policy", action="store_true", help="skip retraining the policy at the end")
+
+    r = sub.add_parser("report", help="what is tuned, and the speed-ups over cuBLAS")
+    r.add_argument("--json", action="store_true")
+
+    e = sub.add_parser("export", help="write every measurement and the policy to FILE (gzipped JSON)")
+    e.add_argument("file")
+    i = sub.add_parser("import", help="merge an export into this database")
+    i.add_argument("file")
+
+    tp = sub.add_parser("train-policy", help="(re)train the rl policy on everything in the database")
+    tp.add_argument("--epochs", type=int, default=60)
+    tp.add_argument("--seed", type=int, default=0)
+
+    s = sub.add_parser("simulate", help="replay a recorded dataset through the strategies (CPU only)")
+    s.add_argument("--data", required=True, help="a dataset file or a bench/data/<dataset> folder")
+    s.add_argument("--strategy", type=_strategies, default=list(STRATEGIES), help="all, or a comma list")
+    s.add_argument("--budget", type=_budgets, default=[4, 8, 16, 32])
+    s.add_argument("--seeds", type=int, default=20)
+    s.add_argument("--batch", type=int, default=1)
+    s.add_argument("--folds", type=int, default=4, help="rl: shapes are split (by N, K) into this many folds")
+    s.add_argument("--epochs", type=int, default=60, help="rl: training epochs over the training shapes")
+    s.add_argument("--max-shapes", type=int, help="use a seeded sample of this many recorded shapes")
+    s.add_argument("--json", action="store_true")
+
+    g = sub.add_parser("synth", help="write a synthetic dataset (analytic H200-like model) for development")
+    g.add_argument("file")
+    g.add_argument("--shapes", type=int, default=40)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--noise", type=float, default=0.02)
+    return p
+
+
+def _db(args):
+    from .db import TuningDB
+    return TuningDB(args.db)
+
+
+def _geomean(xs):
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def cmd_report(args) -> int:
+    db = _db(args)
+    rows = db.best_all()
+    if args.json:
+        print(json.dumps([{**e.fields, "gpu": e.gpu_name, "schedule": e.schedule.to_dict(), "time_us": e.time_us,
+                           "cublas_us": e.cublas_us, "speedup": e.speedup, "measured": e.n_measured}
+                          for e in rows]))
+        return 0
+    if not rows:
+        print(f"{db.path}: nothing tuned yet (gemmc-search tune ...)")
+        return 0
+    print(f"{db.path}: {db.count()} measurements, {len(rows)} tuned problems")
+    print(f"{'shape':>20} {'dtype':>5} {'epilogue':>10} {'gemmc us':>10} {'cuBLAS us':>10} {'speedup':>8} "
+          f"{'n':>4}  schedule")
+    for e in rows:
+        f = e.fields
+        sp = f"{e.speedup:.3f}" if e.speedup else "-"
+        cub = f"{e.cublas_us:.2f}" if e.cublas_us else "-"
+        print(f"{f['m']}x{f['n']}x{f['k']:>6} {f['dtype']:>5} {f['epilogue_class'][:10]:>10} {e.time_us:10.2f} "
+              f"{cub:>10} {sp:>8} {e.n_measured:4d}  {e.schedule.short()}")
+    sps = [e.speedup for e in rows if e.speedup]
+    if sps:
+        print(f"geomean speedup over cuBLAS: {_geomean(sps):.3f}x (with cuBLAS fallback: "
+              f"{_geomean([max(1.0, s) for s in sps]):.3f}x)")
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from tqdm import tqdm
+
+    from ..bench.suites import Shape, get_suite, load_shapes
+    from ..spec import GemmSpec
+    from .builder import Builder
+    from .runner import Runner
+    from .strategy import SearchProblem, make_strategy
+    shapes = get_suite(args.suite, args.sample, args.seed) if args.suite else load_shapes(args.shapes)
+    db = _db(args)
+    runner = Runner()
+    gpu = runner.gpu_name()
+    if gpu == "cpu":
+        print("gemmc-search tune measures on a GPU and none is visible; use `gemmc-search simulate` on the CPU",
+              file=sys.stderr)
+        return 2
+    kw = {}
+    strategy = make_strategy(args.strategy, seed=args.seed, **kw)
+    total = len(shapes) * args.budget
+    bar = tqdm(total=total, desc=f"tune ({args.strategy})", unit="meas", file=sys.stderr, dynamic_ncols=True)
+    summary = []
+    with Builder(workers=args.workers, timeout_s=args.compile_timeout) as builder:
+        for sh in shapes:
+            spec = GemmSpec(sh.m, sh.n, sh.k, dtype=args.dtype)
+            problem = SearchProblem.of(spec, args.arch)
+            prior = db.prior(spec, args.arch, gpu)
+            bar.update(min(len(prior), args.budget))
+            bar.set_postfix_str(str(sh))
+
+            def evaluate(schedules, spec=spec):
+                from .strategy import Measurement
+                out = []
+                for b in builder.build(spec, schedules, args.arch):
+                    if not b.ok:
+                        m = Measurement(b.schedule, None, b.error, compile_s=b.compile_s)
+                    else:
+                        r = runner.measure(spec, b.schedule, args.arch)
+                        m = Measurement(b.schedule, r.time_us, r.error, r.cublas_us, b.compile_s)
+                    db.record(spec, args.arch, m, gpu, args.strategy)   # one transaction each
+                    bar.update(1)
+                    out.append(m)
+                return out
+
+            from .strategy import run_search
+            run_search(strategy, problem, evaluate, budget=max(0, args.budget - len(prior)),
+                       batch=args.batch, prior=prior)
+            best = db.best(spec, args.arch, gpu)
+            summary.append((sh, best))
+    bar.close()
+    if not args.no_train_policy and args.strategy != "rl":
+        from .rl import train_policy_from_db
+        try:
+            train_policy_from_db(db)
+        except ValueError as e:
+            print(f"policy not trained: {e}", file=sys.stderr)
+    print(f"{'shape':>20} {'gemmc us':>10} {'cuBLAS us':>10} {'speedup':>8}  schedule")
+    for sh, e in summary:
+        if e is None:
+            print(f"{str(sh):>20} {'-':>10} {'-':>10} {'-':>8}  (no schedule ran)")
+            continue
+        sp = f"{e.speedup:.3f}" if e.speedup else "-"
+        print(f"{str(sh):>20} {e.time_us:10.2f} {e.cublas_us or float('nan'):10.2f} {sp:>8}  {e.schedule.short()}")
+    sps = [e.speedup for _, e in summary if e and e.speedup]
+    if sps:
+        print(f"geomean speedup over cuBLAS: {_geomean(sps):.3f}x over {len(sps)} shapes")
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    import random
+
+    from .simulate import group_problems, load_records, simulate
+    header, records = load_records(args.data)
+    problems = group_problems(records, header)
+    if args.max_shapes and args.max_shapes < len(problems):
+        keep = sorted(random.Random(0).sample(range(len(problems)), args.max_shapes))
+        problems = [problems[i] for i in keep]
+    if not problems:
+        print(f"{args.data}: no problem with a successful measurement", file=sys.stderr)
+        return 1
+    t0 = time.perf_counter()
+    progress = None if args.json else (lambda msg: print(f"  [{time.perf_counter() - t0:6.1f}s] {msg}",
+                                                         file=sys.stderr))
+    res = simulate(problems, args.strategy, args.budget, args.seeds, batch=args.batch, rl_folds=args.folds,
+                   rl_epochs=args.epochs, progress=progress)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    budgets = sorted(res[next(iter(res))], key=int)
+    print(f"{len(problems)} problems, {args.seeds} seeds, batch {args.batch}; fraction of the exhaustive best "
+          f"(median over problems), score vs random in brackets (0 = random, 1 = optimum); budget 1 = first pick")
+    print(f"{'strategy':>10} " + " ".join(f"{'@' + b:>14}" for b in budgets))
+    for name, row in res.items():
+        cells = []
+        for b in budgets:
+            c = row[b]
+            s = "" if c["score_vs_random"] is None else f" ({c['score_vs_random']:+.2f})"
+            cells.append(f"{c['median_fraction']:.3f}{s}".rjust(14))
+        print(f"{name:>10} " + " ".join(cells))
+    return 0
+
+
+def cmd_export(args) -> int:
+    n = _db(args).export(args.file)
+    print(f"exported {n['measurements']} measurements and {n['policies']} policies to {args.file}")
+    return 0
+
+
+def cmd_import(args) -> int:
+    n = _db(args).import_(args.file)
+    print(f"imported {n['measurements']} new measurements and {n['policies']} policies from {args.file}")
+    return 0
+
+
+def cmd_train_policy(args) -> int:
+    from .rl import train_policy_from_db
+    db = _db(args)
+    pol = train_policy_from_db(db, epochs=args.epochs, seed=args.seed)
+    print(f"trained the policy on {pol.trained_shapes} problems; saved in {db.path}")
+    return 0
+
+
+def cmd_synth(args) -> int:
+    from .synthetic import make_synthetic_dataset
+    path = make_synthetic_dataset(args.file, args.shapes, args.seed, args.noise)
+    print(f"wrote {path} ({args.shapes} shapes, synthetic H200 model, noise {args.noise})")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    handler = {"tune": cmd_tune, "report": cmd_report, "export": cmd_export, "import": cmd_import,
+               "train-policy": cmd_train_policy, "simulate": cmd_simulate, "synth": cmd_synth}[args.cmd]
+    return handler(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

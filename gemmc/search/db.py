@@ -1,0 +1,243 @@
+"""The tuning database: every measurement ever made, a best-per-problem view, and policy weights.
+
+SQLite in WAL mode; each measurement is its own transaction, so a run killed at any moment loses
+at most the measurement in flight, and `TuningDB.prior` lets the next run skip what is stored.
+Location: $GEMMC_TUNING_DB, else <$GEMMC_CACHE_DIR or ~/.cache/gemmc>/tuning.sqlite.
+"""
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+from .. import __version__
+from ..schedule import Schedule
+from ..spec import GemmSpec
+from ..types import as_arch
+from .strategy import Measurement, schedule_key
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS measurements (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    problem TEXT NOT NULL,            -- canonical JSON of the problem (exact-match identity)
+    m INTEGER NOT NULL, n INTEGER NOT NULL, k INTEGER NOT NULL, batch INTEGER,
+    dtype TEXT NOT NULL, out_dtype TEXT NOT NULL, acc_dtype TEXT NOT NULL,
+    a_layout TEXT NOT NULL, b_layout TEXT NOT NULL, epilogue_class TEXT NOT NULL,
+    arch TEXT NOT NULL, gpu_name TEXT NOT NULL,
+    schedule TEXT NOT NULL,           -- canonical JSON of the Schedule
+    time_us REAL, cublas_us REAL, compile_s REAL, error TEXT,
+    strategy TEXT, gemmc_version TEXT NOT NULL, created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS measurements_problem ON measurements (problem, gpu_name);
+CREATE VIEW IF NOT EXISTS best_per_problem AS
+    SELECT * FROM (
+        SELECT measurements.*,
+               MIN(cublas_us) OVER (PARTITION BY problem, gpu_name) AS cublas_best_us,
+               COUNT(*) OVER (PARTITION BY problem, gpu_name) AS n_measured,
+               ROW_NUMBER() OVER (PARTITION BY problem, gpu_name ORDER BY time_us, id) AS rank
+        FROM measurements WHERE error IS NULL AND time_us IS NOT NULL
+    ) WHERE rank = 1;
+CREATE TABLE IF NOT EXISTS policies (
+    name TEXT PRIMARY KEY, blob BLOB NOT NULL, feature_spec TEXT NOT NULL,
+    trained_shapes INTEGER, gemmc_version TEXT NOT NULL, created_at REAL NOT NULL
+);
+"""
+
+_COLUMNS = ("problem", "m", "n", "k", "batch", "dtype", "out_dtype", "acc_dtype", "a_layout", "b_layout",
+            "epilogue_class", "arch", "gpu_name", "schedule", "time_us", "cublas_us", "compile_s", "error",
+            "strategy", "gemmc_version", "created_at")
+
+
+def default_path() -> Path:
+    if os.environ.get("GEMMC_TUNING_DB"):
+        return Path(os.environ["GEMMC_TUNING_DB"]).expanduser()
+    cache = os.environ.get("GEMMC_CACHE_DIR") or os.path.join("~", ".cache", "gemmc")
+    return Path(cache).expanduser() / "tuning.sqlite"
+
+
+def epilogue_class(spec: GemmSpec) -> str:
+    """'plain' for a bare GEMM (cuBLAS computes the same thing), else the ops plus a digest of the DAG."""
+    if not spec.has_epilogue:
+        return "plain"
+    ops = "+".join(op.op for op in spec.epilogue) or "cast"
+    body = repr((spec.inputs, spec.epilogue, str(spec.out_dtype)))
+    return f"{ops}:{hashlib.blake2b(body.encode(), digest_size=4).hexdigest()}"
+
+
+def problem_fields(spec: GemmSpec, arch: str) -> dict:
+    if not all(isinstance(d, int) for d in (spec.m, spec.n, spec.k)):
+        raise ValueError(f"the tuning DB stores concrete problems; got m={spec.m!r} n={spec.n!r} k={spec.k!r}")
+    return {"m": spec.m, "n": spec.n, "k": spec.k, "batch": spec.batch if isinstance(spec.batch, int) else None,
+            "dtype": str(spec.dtype), "out_dtype": str(spec.out_dtype), "acc_dtype": str(spec.acc_dtype),
+            "a_layout": spec.a_layout, "b_layout": spec.b_layout, "epilogue_class": epilogue_class(spec),
+            "arch": as_arch(arch)}
+
+
+def problem_key(spec: GemmSpec, arch: str) -> str:
+    return json.dumps(problem_fields(spec, arch), sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class BestEntry:
+    """The fastest stored schedule of one problem on one GPU."""
+    fields: dict
+    gpu_name: str
+    schedule: Schedule
+    time_us: float
+    cublas_us: Optional[float]
+    n_measured: int
+
+    @property
+    def speedup(self) -> Optional[float]:
+        return self.cublas_us / self.time_us if self.cublas_us else None
+
+
+class TuningDB:
+    def __init__(self, path=None):
+        self.path = Path(path) if path is not None else default_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(str(self.path), timeout=60)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")   # WAL + NORMAL: a killed process loses nothing committed
+        with self.conn:
+            self.conn.executescript(_SCHEMA)
+            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+
+    @classmethod
+    def open_existing(cls, path=None) -> Optional["TuningDB"]:
+        """The DB if the file exists (never creates one: lookups must not write)."""
+        p = Path(path) if path is not None else default_path()
+        return cls(p) if p.exists() else None
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- writing ------------------------------------------------------------------------------
+    def record(self, spec: GemmSpec, arch: str, m: Measurement, gpu_name: str, strategy: str = "",
+               created_at: Optional[float] = None) -> int:
+        """Store one measurement in its own transaction."""
+        row = {"problem": problem_key(spec, arch), **problem_fields(spec, arch), "gpu_name": gpu_name,
+               "schedule": schedule_key(m.schedule), "time_us": m.time_us if m.ok else None,
+               "cublas_us": m.cublas_us, "compile_s": m.compile_s,
+               "error": m.error if m.error is not None or m.ok else "no time",
+               "strategy": strategy, "gemmc_version": __version__,
+               "created_at": created_at if created_at is not None else time.time()}
+        with self.conn:
+            cur = self.conn.execute(f"INSERT INTO measurements ({', '.join(_COLUMNS)}) VALUES "
+                                    f"({', '.join('?' * len(_COLUMNS))})", [row[c] for c in _COLUMNS])
+        return cur.lastrowid
+
+    # ---- reading ------------------------------------------------------------------------------
+    def prior(self, spec: GemmSpec, arch: str, gpu_name: Optional[str] = None) -> list[Measurement]:
+        """Stored measurements of this problem (the latest per schedule): a resumed run starts from these."""
+        q = "SELECT * FROM measurements WHERE problem = ?"
+        args: list = [problem_key(spec, arch)]
+        if gpu_name is not None:
+            q += " AND gpu_name = ?"
+            args.append(gpu_name)
+        out: dict[Schedule, Measurement] = {}
+        for r in self.conn.execute(q + " ORDER BY id", args):
+            s = Schedule.from_dict(json.loads(r["schedule"]))
+            out[s] = Measurement(s, r["time_us"], r["error"], r["cublas_us"], r["compile_s"])
+        return list(out.values())
+
+    def _best_rows(self, where: str = "", args: Iterable = ()) -> list[BestEntry]:
+        rows = self.conn.execute(f"SELECT * FROM best_per_problem {where} ORDER BY m, n, k, gpu_name", list(args))
+        return [BestEntry({c: r[c] for c in ("m", "n", "k", "batch", "dtype", "out_dtype", "acc_dtype", "a_layout",
+                                             "b_layout", "epilogue_class", "arch")},
+                          r["gpu_name"], Schedule.from_dict(json.loads(r["schedule"])), r["time_us"],
+                          r["cublas_best_us"], r["n_measured"]) for r in rows]
+
+    def best(self, spec: GemmSpec, arch: str, gpu_name: Optional[str] = None) -> Optional[BestEntry]:
+        """The exact problem's best (on `gpu_name`, or the fastest over GPUs when None)."""
+        where, args = "WHERE problem = ?", [problem_key(spec, arch)]
+        if gpu_name is not None:
+            where += " AND gpu_name = ?"
+            args.append(gpu_name)
+        rows = self._best_rows(where, args)
+        return min(rows, key=lambda e: e.time_us) if rows else None
+
+    def best_all(self, arch: Optional[str] = None) -> list[BestEntry]:
+        if arch is None:
+            return self._best_rows()
+        return self._best_rows("WHERE arch = ?", [as_arch(arch)])
+
+    def count(self) -> int:
+        return self.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
+
+    def rows(self) -> list[dict]:
+        return [dict(r) for r in self.conn.execute("SELECT * FROM measurements ORDER BY id")]
+
+    # ---- policy weights -------------------------------------------------------------------------
+    def save_policy(self, policy, name: str = "default") -> None:
+        with self.conn:
+            self.conn.execute("INSERT OR REPLACE INTO policies VALUES (?, ?, ?, ?, ?, ?)",
+                              (name, policy.to_bytes(), json.dumps(policy.feature_spec.to_dict()),
+                               policy.trained_shapes, __version__, time.time()))
+
+    def policy_stamp(self, name: str = "default") -> Optional[float]:
+        r = self.conn.execute("SELECT created_at FROM policies WHERE name = ?", (name,)).fetchone()
+        return r[0] if r else None
+
+    def load_policy(self, name: str = "default"):
+        r = self.conn.execute("SELECT blob FROM policies WHERE name = ?", (name,)).fetchone()
+        if r is None:
+            return None
+        from .rl import SchedulePolicy
+        return SchedulePolicy.from_bytes(bytes(r[0]))
+
+    # ---- moving results between machines ----------------------------------------------------------
+    def export(self, path) -> dict:
+        """Every measurement and policy to a gzipped JSON file."""
+        pols = [{"name": r["name"], "blob": base64.b64encode(bytes(r["blob"])).decode(),
+                 "feature_spec": r["feature_spec"], "trained_shapes": r["trained_shapes"],
+                 "gemmc_version": r["gemmc_version"], "created_at": r["created_at"]}
+                for r in self.conn.execute("SELECT * FROM policies")]
+        rows = [{c: r[c] for c in _COLUMNS} for r in self.rows()]
+        with gzip.open(path, "wt") as f:
+            json.dump({"format": "gemmc-tuning", "schema_version": SCHEMA_VERSION, "measurements": rows,
+                       "policies": pols}, f)
+        return {"measurements": len(rows), "policies": len(pols)}
+
+    def import_(self, path) -> dict:
+        """Merge an export: measurements already present (same problem, GPU, schedule, time, timestamp)
+        are skipped; a policy replaces the local one of its name only if it is newer."""
+        with gzip.open(path, "rt") as f:
+            data = json.load(f)
+        if data.get("format") != "gemmc-tuning":
+            raise ValueError(f"{path} is not a gemmc-search export (missing format='gemmc-tuning')")
+        have = {(r["problem"], r["gpu_name"], r["schedule"], r["created_at"], r["time_us"]) for r in self.rows()}
+        added = 0
+        with self.conn:
+            for r in data["measurements"]:
+                if (r["problem"], r["gpu_name"], r["schedule"], r["created_at"], r["time_us"]) in have:
+                    continue
+                self.conn.execute(f"INSERT INTO measurements ({', '.join(_COLUMNS)}) VALUES "
+                                  f"({', '.join('?' * len(_COLUMNS))})", [r.get(c) for c in _COLUMNS])
+                added += 1
+            pols = 0
+            for p in data.get("policies", []):
+                cur = self.policy_stamp(p["name"])
+                if cur is None or p["created_at"] > cur:
+                    self.conn.execute("INSERT OR REPLACE INTO policies VALUES (?, ?, ?, ?, ?, ?)",
+                                      (p["name"], base64.b64decode(p["blob"]), p["feature_spec"],
+                                       p["trained_shapes"], p["gemmc_version"], p["created_at"]))
+                    pols += 1
+        return {"measurements": added, "policies": pols}

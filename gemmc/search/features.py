@@ -1,0 +1,102 @@
+"""Numeric encodings of a problem and a schedule, shared by the GP (`bayes`) and the policy (`rl`).
+
+Schedule features are the factored choices (tile, cluster, mode, raster, swizzle, split-K) plus
+what they imply for this shape: tile counts, wave quantization, padding waste, k-loop length.
+These are descriptions for a model, not limits: feasibility is decided by `gemmc.schedule` alone.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from ..schedule import ARCH_LIMITS, MODES, RASTERS, Schedule
+from ..spec import GemmSpec
+from ..types import DType
+
+FEATURE_VERSION = 1
+
+TILE_M_VOCAB = (64, 128, 256)
+TILE_N_VOCAB = (16, 32, 64, 96, 128, 160, 192, 224, 256)
+TILE_K_VOCAB = (32, 64, 128)
+CLUSTER_VOCAB = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4))
+SWIZZLE_VOCAB = (1, 2, 4, 8)
+SPLIT_K_VOCAB = (1, 2, 4, 8, 16)
+DTYPE_VOCAB = (DType.bf16, DType.f16)
+OUT_DTYPE_VOCAB = (DType.bf16, DType.f16, DType.f32)
+
+SHAPE_FEATURES = ("log2_m", "log2_n", "log2_k", "log2_mn_over_k", *(f"dtype_{d}" for d in DTYPE_VOCAB),
+                  *(f"out_{d}" for d in OUT_DTYPE_VOCAB), "a_km", "b_kn", "has_epilogue", "acc_f16")
+
+DERIVED_FEATURES = ("log2_ctas", "waves", "wave_eff", "pad_eff_m", "pad_eff_n", "cluster_pad_eff",
+                    "log2_k_iters", "log2_tile_area", "log2_bytes_per_flop")
+
+
+def _onehot(value, vocab) -> list[float]:
+    return [1.0 if value == v else 0.0 for v in vocab]
+
+
+def shape_features(spec: GemmSpec) -> list[float]:
+    m, n, k = spec.m, spec.n, spec.k
+    return [math.log2(m), math.log2(n), math.log2(k), math.log2(m * n / k),
+            *_onehot(spec.dtype, DTYPE_VOCAB), *_onehot(spec.out_dtype, OUT_DTYPE_VOCAB),
+            float(spec.a_layout == "km"), float(spec.b_layout == "kn"), float(spec.has_epilogue),
+            float(spec.acc_dtype == DType.f16)]
+
+
+def derived_features(s: Schedule, spec: GemmSpec) -> list[float]:
+    """What the schedule implies for this shape (SM count from the arch table)."""
+    bm, bn, bk = s.tile
+    cm, cn = s.cluster
+    sms = ARCH_LIMITS[s.arch].num_sms
+    tm, tn = math.ceil(spec.m / bm), math.ceil(spec.n / bn)
+    tmc, tnc = math.ceil(tm / cm) * cm, math.ceil(tn / cn) * cn
+    ctas = tmc * tnc * s.split_k
+    waves = ctas / sms
+    wave_eff = ctas / (math.ceil(waves) * sms)
+    k_iters = math.ceil(math.ceil(spec.k / bk) / s.split_k)
+    # operand bytes loaded per MMA flop of one CTA (smaller is better), multicast shares loads
+    bytes_per_flop = (bm / cn + bn / cm) * spec.dtype.bytes / (2.0 * bm * bn)
+    return [math.log2(ctas), min(waves, 8.0), wave_eff, spec.m / (tm * bm), spec.n / (tn * bn),
+            (tm * tn) / (tmc * tnc), math.log2(k_iters), math.log2(bm * bn), math.log2(bytes_per_flop)]
+
+
+def choice_features(s: Schedule) -> list[float]:
+    """The factored choices themselves, one-hot per factor (the policy's action encoding)."""
+    bm, bn, bk = s.tile
+    return [*_onehot(bm, TILE_M_VOCAB), *_onehot(bn, TILE_N_VOCAB), *_onehot(bk, TILE_K_VOCAB),
+            *_onehot(tuple(s.cluster), CLUSTER_VOCAB), *_onehot(s.mode, MODES), *_onehot(s.raster, RASTERS),
+            *_onehot(s.swizzle, SWIZZLE_VOCAB), *_onehot(s.split_k, SPLIT_K_VOCAB)]
+
+
+def gp_features(s: Schedule, spec: GemmSpec) -> list[float]:
+    """Compact ordinal encoding for the GP (few dims: it sees at most a few dozen points)."""
+    bm, bn, bk = s.tile
+    cm, cn = s.cluster
+    return [math.log2(bm), math.log2(bn), math.log2(bk), math.log2(cm), math.log2(cn),
+            float(s.mode == "pingpong"), float(s.raster == "n"), math.log2(s.swizzle), math.log2(s.split_k),
+            *derived_features(s, spec)]
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """Saved beside policy weights so a loaded policy refuses features it was not trained on."""
+    version: int = FEATURE_VERSION
+    shape: tuple[str, ...] = SHAPE_FEATURES
+    choice_dim: int = (len(TILE_M_VOCAB) + len(TILE_N_VOCAB) + len(TILE_K_VOCAB) + len(CLUSTER_VOCAB)
+                       + len(MODES) + len(RASTERS) + len(SWIZZLE_VOCAB) + len(SPLIT_K_VOCAB))
+    derived: tuple[str, ...] = DERIVED_FEATURES
+
+    @property
+    def dim(self) -> int:
+        return len(self.shape) + self.choice_dim + len(self.derived)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FeatureSpec":
+        return cls(d["version"], tuple(d["shape"]), d["choice_dim"], tuple(d["derived"]))
+
+
+def policy_features(s: Schedule, spec: GemmSpec, shape: list[float] | None = None) -> list[float]:
+    return [*(shape if shape is not None else shape_features(spec)), *choice_features(s), *derived_features(s, spec)]

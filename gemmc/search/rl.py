@@ -1,0 +1,226 @@
+"""`rl`: a torch policy over the factored schedule choices, conditioned on the problem's shape.
+
+The policy scores a (shape, schedule) pair from the shape features, the one-hot factored choices
+(tile M/N/K, cluster, mode, raster, swizzle, split-K) and what they imply for the shape (waves,
+padding, k-loop length). pi(schedule | shape) is the softmax of the scores over the feasible set
+only, so infeasible choices have probability zero (the mask is the predicate's enumeration).
+
+Training across shapes uses a listwise ranking objective: the cross-entropy between pi and the
+softmax of reward / T, reward = log(cuBLAS time / kernel time); failed schedules get the shape's
+worst reward minus a margin. On a new shape the first proposal is the policy's argmax (zero-shot);
+after each observation a copy is fine-tuned on that shape's measurements (anchored to the trained
+weights) and the best-scoring unmeasured schedules are proposed next.
+"""
+from __future__ import annotations
+
+import copy
+import io
+import math
+import random
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from ..schedule import Schedule
+from ..spec import GemmSpec
+from .features import FeatureSpec, policy_features, shape_features
+from .strategy import BaseStrategy, Measurement, SearchProblem
+
+TEMPERATURE = 0.05      # reward scale of the ranking target: 5% slower = e^-1 the weight
+ERROR_MARGIN = 0.5      # a failed schedule ranks this far below the shape's slowest
+
+
+@dataclass
+class ShapeExamples:
+    """Training data of one problem: schedules and their rewards."""
+    spec: GemmSpec
+    schedules: list[Schedule]
+    rewards: list[float]
+
+
+class SchedulePolicy(nn.Module):
+    def __init__(self, feature_spec: FeatureSpec = FeatureSpec(), hidden: int = 128):
+        super().__init__()
+        self.feature_spec = feature_spec
+        self.hidden = hidden
+        d = feature_spec.dim
+        self.net = nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
+                                 nn.Linear(hidden, 1))
+        self.register_buffer("mean", torch.zeros(d))
+        self.register_buffer("std", torch.ones(d))
+        self.trained_shapes = 0
+
+    def encode(self, spec: GemmSpec, schedules: Sequence[Schedule]) -> torch.Tensor:
+        shape = shape_features(spec)
+        return torch.tensor([policy_features(s, spec, shape) for s in schedules], dtype=torch.float32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net((x - self.mean) / self.std).squeeze(-1)
+
+    def scores(self, spec: GemmSpec, schedules: Sequence[Schedule]) -> torch.Tensor:
+        with torch.no_grad():
+            return self(self.encode(spec, schedules))
+
+    def best(self, spec: GemmSpec, schedules: Sequence[Schedule]) -> Schedule:
+        return schedules[int(self.scores(spec, schedules).argmax())]
+
+    # ---- persistence: weights + the feature spec they were trained on ---------------------------
+    def to_bytes(self) -> bytes:
+        buf = io.BytesIO()
+        torch.save({"state_dict": self.state_dict(), "feature_spec": self.feature_spec.to_dict(),
+                    "hidden": self.hidden, "trained_shapes": self.trained_shapes}, buf)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> "SchedulePolicy":
+        d = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        fs = FeatureSpec.from_dict(d["feature_spec"])
+        if fs != FeatureSpec():
+            raise ValueError(f"stored policy uses features v{fs.version} ({fs.dim} dims), this gemmc uses "
+                             f"v{FeatureSpec().version} ({FeatureSpec().dim}): retrain with `gemmc-search train-policy`")
+        pol = cls(fs, d["hidden"])
+        pol.load_state_dict(d["state_dict"])
+        pol.trained_shapes = d.get("trained_shapes", 0)
+        return pol
+
+
+def rewards_from(measurements: Sequence[Measurement], cublas_us: Optional[float] = None) -> list[float]:
+    """log(cuBLAS / time) per measurement (log(best / time) without a cuBLAS time); errors last."""
+    ok = [m.time_us for m in measurements if m.ok]
+    if not ok:
+        return []
+    ref = cublas_us or min(ok)
+    r = [math.log(ref / m.time_us) if m.ok else None for m in measurements]
+    worst = min(x for x in r if x is not None)
+    return [x if x is not None else worst - ERROR_MARGIN for x in r]
+
+
+def _listwise_loss(scores: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+    target = torch.softmax(rewards / TEMPERATURE, 0)
+    return -(target * torch.log_softmax(scores, 0)).sum()
+
+
+def train_policy(examples: Sequence[ShapeExamples], epochs: int = 60, seed: int = 0, lr: float = 2e-3,
+                 policy: Optional[SchedulePolicy] = None) -> SchedulePolicy:
+    """Fit the policy across shapes (each step: one shape's listwise loss)."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    pol = policy or SchedulePolicy()
+    data = [(pol.encode(e.spec, e.schedules), torch.tensor(e.rewards, dtype=torch.float32))
+            for e in examples if len(e.schedules) > 1]
+    if not data:
+        raise ValueError("no shape with at least two measured schedules to train the policy on")
+    if policy is None:
+        allx = torch.cat([x for x, _ in data])
+        pol.mean.copy_(allx.mean(0))
+        pol.std.copy_(allx.std(0).clamp_min(1e-3))
+    opt = torch.optim.Adam(pol.parameters(), lr=lr, weight_decay=1e-5)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * len(data))
+    pol.train()
+    for _ in range(epochs):
+        order = list(range(len(data)))
+        rng.shuffle(order)
+        for i in order:
+            x, r = data[i]
+            loss = _listwise_loss(pol(x), r)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+    pol.eval()
+    pol.trained_shapes = len(data)
+    return pol
+
+
+def train_policy_on_problems(problems, epochs: int = 60, seed: int = 0) -> SchedulePolicy:
+    """Train on `simulate.RecordedProblem`s (or anything with .spec, .results, .cublas_us)."""
+    ex = []
+    for p in problems:
+        ms = list(p.results.values())
+        ex.append(ShapeExamples(p.spec, [m.schedule for m in ms], rewards_from(ms, p.cublas_us)))
+    return train_policy(ex, epochs=epochs, seed=seed)
+
+
+class RLStrategy(BaseStrategy):
+    name = "rl"
+
+    def __init__(self, seed: int = 0, policy: Optional[SchedulePolicy] = None, finetune_steps: int = 25,
+                 finetune_lr: float = 1e-3, anchor: float = 1e-2):
+        super().__init__(seed)
+        if policy is None:
+            from .db import TuningDB
+            policy = TuningDB().load_policy()
+        if policy is None:
+            raise ValueError("the rl strategy needs a trained policy: tune some shapes with another strategy, "
+                             "then `gemmc-search train-policy` (or pass policy=)")
+        self.base = policy
+        self.finetune_steps = finetune_steps
+        self.finetune_lr = finetune_lr
+        self.anchor = anchor
+
+    def start(self, problem: SearchProblem) -> None:
+        super().start(problem)
+        self._x = self.base.encode(problem.spec, problem.candidates)
+        self._index = {s: i for i, s in enumerate(problem.candidates)}
+        self._scores = self.base.scores(problem.spec, problem.candidates)
+        self._fitted_on = 0
+
+    def _finetune(self) -> None:
+        seen = [h for h in self.history if h.schedule in self._index]
+        if len(seen) < 2 or not any(h.ok for h in seen) or len(seen) == self._fitted_on:
+            return
+        torch.manual_seed(self.seed)
+        pol = copy.deepcopy(self.base)
+        ref = [p.detach().clone() for p in pol.parameters()]
+        x = self._x[[self._index[h.schedule] for h in seen]]
+        r = torch.tensor(rewards_from(seen), dtype=torch.float32)
+        opt = torch.optim.Adam(pol.parameters(), lr=self.finetune_lr)
+        for _ in range(self.finetune_steps):
+            loss = _listwise_loss(pol(x), r)
+            loss = loss + self.anchor * sum(((p - q) ** 2).sum() for p, q in zip(pol.parameters(), ref))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            self._scores = pol(self._x)
+        self._fitted_on = len(seen)
+
+    def propose(self, n: int):
+        self._finetune()
+        rest = [i for i, s in enumerate(self.problem.candidates) if s not in self.proposed]
+        if not rest:
+            return []
+        order = sorted(rest, key=lambda i: -float(self._scores[i]))
+        return self._take([self.problem.candidates[i] for i in order[:n]])
+
+
+def examples_from_db(db) -> list[ShapeExamples]:
+    """Every stored problem (plain or not) as training data; rows of several GPUs pool together."""
+    import json as _json
+    by_problem: dict[str, list[dict]] = {}
+    for r in db.rows():
+        by_problem.setdefault(r["problem"], []).append(r)
+    out = []
+    for key, rows in by_problem.items():
+        f = _json.loads(key)
+        spec = GemmSpec(f["m"], f["n"], f["k"], dtype=f["dtype"], out_dtype=f["out_dtype"],
+                        acc_dtype=f["acc_dtype"], a_layout=f["a_layout"], b_layout=f["b_layout"])
+        latest: dict[str, Measurement] = {}
+        cublas = [r["cublas_us"] for r in rows if r["cublas_us"]]
+        for r in rows:
+            s = Schedule.from_dict(_json.loads(r["schedule"]))
+            latest[r["schedule"]] = Measurement(s, r["time_us"], r["error"])
+        ms = list(latest.values())
+        rw = rewards_from(ms, min(cublas) if cublas else None)
+        if len(rw) > 1:
+            out.append(ShapeExamples(spec, [m.schedule for m in ms], rw))
+    return out
+
+
+def train_policy_from_db(db, epochs: int = 60, seed: int = 0, save: bool = True) -> SchedulePolicy:
+    pol = train_policy(examples_from_db(db), epochs=epochs, seed=seed)
+    if save:
+        db.save_policy(pol)
+    return pol

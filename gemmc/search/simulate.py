@@ -1,0 +1,200 @@
+"""Replay recorded measurements through the Strategy API on the CPU.
+
+A dataset is a list of records (shape, dtypes, layouts, schedule, time or error, cuBLAS time).
+Each recorded problem becomes a `SearchProblem` whose feasible set is the recorded schedules that
+pass the validity predicate; evaluating a schedule looks its record up. Results are fractions of
+the exhaustive best (best_time / found_time) after each number of measurements.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import random
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from ..schedule import Schedule
+from ..spec import GemmSpec
+from .strategy import Measurement, SearchProblem, best_so_far, make_strategy, run_search
+
+
+@dataclass
+class RecordedProblem:
+    """One problem of a dataset: its spec and what every recorded schedule did."""
+    key: tuple
+    spec: GemmSpec
+    arch: str
+    results: dict = field(default_factory=dict)   # Schedule -> Measurement
+    cublas_us: Optional[float] = None
+
+    @property
+    def best_us(self) -> float:
+        ok = [r.time_us for r in self.results.values() if r.ok]
+        return min(ok) if ok else math.inf
+
+    def problem(self) -> SearchProblem:
+        return SearchProblem.of(self.spec, self.arch, candidates=self.results.keys())
+
+    def evaluate(self, schedules: list[Schedule]) -> list[Measurement]:
+        return [self.results.get(s, Measurement(s, None, "not in the dataset")) for s in schedules]
+
+
+def _field(r, name, default=None):
+    return r.get(name, default) if isinstance(r, dict) else getattr(r, name, default)
+
+
+def _read_jsonl(path: Path):
+    opener = gzip.open if path.suffix == ".gz" else open
+    header, records = {}, []
+    with opener(path, "rt") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            if not header and not records and ("format" in obj or "header" in obj):
+                header = obj.get("header", obj)
+            elif "footer" in obj:
+                header["footer"] = obj["footer"]
+            else:
+                records.append(obj)
+    return header, records
+
+
+def load_records(path) -> tuple[dict, list]:
+    """(header, records) via the bench's `load_dataset` when it can read `path`, else gzipped JSONL."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in (".gz", ".jsonl", ".sqlite", ".db", ".json"))
+        if not files:
+            raise FileNotFoundError(f"no dataset file in {path}; expected a .jsonl.gz written by the bench")
+        path = files[0]
+    if not path.exists():
+        raise FileNotFoundError(f"dataset {path} does not exist; record one with the bench or write a synthetic one "
+                                "with `gemmc-search synth FILE`")
+    try:
+        from ..bench.dataset import load_dataset
+    except ImportError:
+        return _read_jsonl(path)
+    try:
+        return load_dataset(path)
+    except Exception:
+        return _read_jsonl(path)
+
+
+def group_problems(records: Sequence, header: Optional[dict] = None) -> list[RecordedProblem]:
+    """Records grouped by problem (shape, dtypes, layouts, arch), sorted by shape. Fields a record
+    lacks (dtype, out_dtype, layouts) come from the dataset header, else bf16 / "mk" / "nk"."""
+    hd = header or {}
+    probs: dict[tuple, RecordedProblem] = {}
+    for r in records:
+        shape = _field(r, "shape")
+        m, n, k = shape if shape is not None else (_field(r, "m"), _field(r, "n"), _field(r, "k"))
+        dtype = str(_field(r, "dtype", None) or hd.get("dtype") or "bf16")
+        out = str(_field(r, "out_dtype", None) or hd.get("out_dtype") or dtype)
+        al = _field(r, "a_layout", None) or hd.get("a_layout") or "mk"
+        bl = _field(r, "b_layout", None) or hd.get("b_layout") or "nk"
+        sd = _field(r, "schedule")
+        sched = sd if isinstance(sd, Schedule) else Schedule.from_dict(json.loads(sd) if isinstance(sd, str) else sd)
+        key = (int(m), int(n), int(k), dtype, out, al, bl, sched.arch)
+        p = probs.get(key)
+        if p is None:
+            spec = GemmSpec(int(m), int(n), int(k), dtype=dtype, out_dtype=out, a_layout=al, b_layout=bl)
+            p = probs[key] = RecordedProblem(key, spec, sched.arch)
+        t, err, cub = _field(r, "time_us"), _field(r, "error"), _field(r, "cublas_us")
+        if cub is not None:
+            p.cublas_us = float(cub)
+        meas = Measurement(sched, float(t) if t is not None and not err else None, err or (None if t else "no time"),
+                           cublas_us=p.cublas_us)
+        old = p.results.get(sched)
+        if old is None or (meas.ok and (not old.ok or meas.time_us < old.time_us)):
+            p.results[sched] = meas
+    return [p for _, p in sorted(probs.items()) if math.isfinite(p.best_us)]
+
+
+def fractions(best_us: float, results: Sequence[Measurement], budgets: Sequence[int]) -> dict[int, float]:
+    run = best_so_far(results)
+    out = {}
+    for b in budgets:
+        found = run[min(b, len(run)) - 1] if run else math.inf
+        out[b] = best_us / found if math.isfinite(found) else 0.0
+    return out
+
+
+def split_folds(problems: Sequence[RecordedProblem], n_folds: int, seed: int = 0) -> list[list[int]]:
+    """Problem indices in `n_folds` groups, shuffled by `seed`; grouped by (n, k) so a held-out
+    fold holds shapes whose weight matrix the policy never saw at any M."""
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(problems):
+        groups.setdefault((p.spec.n, p.spec.k), []).append(i)
+    keys = sorted(groups)
+    random.Random(seed).shuffle(keys)
+    folds: list[list[int]] = [[] for _ in range(n_folds)]
+    for j, key in enumerate(keys):
+        folds[j % n_folds].extend(groups[key])
+    return [sorted(f) for f in folds if f]
+
+
+def simulate(problems: Sequence[RecordedProblem], strategies: Sequence[str], budgets: Sequence[int], seeds: int,
+             batch: int = 1, rl_folds: int = 4, rl_epochs: int = 60, split_seed: int = 0,
+             progress: Optional[Callable[[str], None]] = None) -> dict:
+    """{strategy: {budget: {"median_fraction", "score_vs_random"}}}; budget 1 is the first proposal.
+
+    Fraction per (problem, seed) = best_time / best found within the budget; per problem the mean
+    over seeds; reported: the median over problems. `rl` is evaluated only on problems of a fold
+    it was not trained on (seed s uses fold s mod n_folds)."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # tiny models: extra threads only contend (and CI has 2 cores)
+    try:
+        return _simulate(problems, strategies, budgets, seeds, batch, rl_folds, rl_epochs, split_seed, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _simulate(problems, strategies, budgets, seeds, batch, rl_folds, rl_epochs, split_seed, progress) -> dict:
+    budgets = sorted(set(int(b) for b in budgets) | {1})
+    top = max(budgets)
+    per: dict[str, dict[int, dict[int, list[float]]]] = {}
+    folds = split_folds(problems, rl_folds, split_seed) if "rl" in strategies else []
+    policies: dict[int, object] = {}
+    for name in strategies:
+        acc = per.setdefault(name, {b: {} for b in budgets})
+        for seed in range(seeds if name != "exhaustive" else 1):
+            if name == "rl":
+                fi = seed % len(folds)
+                if fi not in policies:
+                    from .rl import train_policy_on_problems
+                    train = [problems[i] for i in range(len(problems)) if i not in set(folds[fi])]
+                    policies[fi] = train_policy_on_problems(train, epochs=rl_epochs, seed=split_seed + fi)
+                strat = make_strategy("rl", seed=seed, policy=policies[fi])
+                idxs = folds[fi]
+            else:
+                strat = make_strategy(name, seed=seed)
+                idxs = range(len(problems))
+            for i in idxs:
+                p = problems[i]
+                res = run_search(strat, p.problem(), p.evaluate, budget=top, batch=batch)
+                for b, f in fractions(p.best_us, res, budgets).items():
+                    acc[b].setdefault(i, []).append(f)
+            if progress:
+                progress(f"{name} seed {seed}")
+    out: dict = {}
+    for name, acc in per.items():
+        out[name] = {}
+        for b in budgets:
+            perprob = [statistics.fmean(v) for v in acc[b].values()]
+            out[name][str(b)] = {"median_fraction": statistics.median(perprob) if perprob else 0.0}
+    for name in out:
+        for b in map(str, budgets):
+            f = out[name][b]["median_fraction"]
+            r = out.get("random", {}).get(b, {}).get("median_fraction")
+            if r is None:
+                score = None
+            else:
+                score = 0.0 if r >= 1.0 else (f - r) / (1.0 - r)
+            out[name][b]["score_vs_random"] = score
+    return out
