@@ -70,10 +70,10 @@ class BayesStrategy(BaseStrategy):
         ok = [h for h in self.history if h.ok and h.schedule in self._index]
         tx = self._x[[self._index[h.schedule] for h in ok]]
         ty = torch.tensor([[-math.log(h.time_us)] for h in ok], dtype=torch.float64)
-        model = SingleTaskGP(tx, ty, outcome_transform=Standardize(m=1))
-        mll = ExactMarginalLogLikelihood(model.likelihood, model)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            warnings.simplefilter("ignore")   # botorch's data-scaling advice; the inputs are [0, 1] by design
+            model = SingleTaskGP(tx, ty, outcome_transform=Standardize(m=1))
+            mll = ExactMarginalLogLikelihood(model.likelihood, model)
             try:
                 fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": self.fit_maxiter}})
             except Exception:  # a failed fit keeps the prior hyperparameters; EI still ranks

@@ -1,0 +1,81 @@
+"""`gemmc-search`: simulate --json, synth, report/export/import/train-policy round trip."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gemmc
+from gemmc.search.cli import main
+from gemmc.search.db import TuningDB
+from gemmc.search.strategy import Measurement, SearchProblem
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "synthetic.jsonl.gz"
+    assert main(["synth", str(path), "--shapes", "6", "--seed", "1"]) == 0
+    return path
+
+
+def test_simulate_json_parses(dataset):
+    out = subprocess.run([sys.executable, "-m", "gemmc.search", "simulate", "--data", str(dataset),
+                          "--strategy", "random,exhaustive,rl", "--budget", "2,4", "--seeds", "2", "--folds", "2",
+                          "--epochs", "5", "--json"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert set(res) == {"random", "exhaustive", "rl"}
+    for name, row in res.items():
+        assert set(row) == {"1", "2", "4"}
+        for b, cell in row.items():
+            assert 0.0 < cell["median_fraction"] <= 1.0
+            assert isinstance(cell["score_vs_random"], float)
+        assert row["1"]["median_fraction"] <= row["2"]["median_fraction"] <= row["4"]["median_fraction"]
+    assert all(cell["score_vs_random"] == 0.0 for cell in res["random"].values())
+
+
+def test_simulate_table_and_bad_arguments(dataset, capsys):
+    assert main(["simulate", "--data", str(dataset), "--strategy", "random", "--budget", "4", "--seeds", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "random" in text and "@4" in text and "6 problems" in text
+    with pytest.raises(SystemExit):
+        main(["simulate", "--data", str(dataset), "--strategy", "annealing"])
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        main(["simulate", "--data", str(dataset.parent / "nope.jsonl.gz")])
+
+
+def test_report_export_import_round_trip(tmp_path, capsys):
+    spec = gemmc.GemmSpec(128, 4096, 4096)
+    cands = SearchProblem.of(spec).candidates
+    a = tmp_path / "a.sqlite"
+    db = TuningDB(a)
+    for i, t in enumerate([30.0, 25.0, 27.0]):
+        db.record(spec, "sm_90a", Measurement(cands[i], t, None, 28.0), "NVIDIA H200", "bayes")
+    db.close()
+    assert main(["--db", str(a), "train-policy", "--epochs", "3"]) == 0
+    assert main(["--db", str(a), "report"]) == 0
+    text = capsys.readouterr().out
+    assert "128x4096x  4096" in text and cands[1].short() in text
+    assert "25.00" in text and "1.120" in text          # speedup 28 / 25
+    assert main(["--db", str(a), "export", str(tmp_path / "x.json.gz")]) == 0
+    b = tmp_path / "b.sqlite"
+    assert main(["--db", str(b), "import", str(tmp_path / "x.json.gz")]) == 0
+    assert "imported 3 new measurements and 1 policies" in capsys.readouterr().out
+    assert main(["--db", str(b), "report", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 1 and rows[0]["time_us"] == 25.0 and gemmc.Schedule.from_dict(rows[0]["schedule"]) == cands[1]
+    assert abs(rows[0]["speedup"] - 28.0 / 25.0) < 1e-9
+    assert TuningDB(b).load_policy() is not None
+
+
+def test_tune_refuses_without_gpu(tmp_path, capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    assert main(["--db", str(tmp_path / "t.sqlite"), "tune", "--suite", "llm", "--budget", "2"]) == 2
+    assert "simulate" in capsys.readouterr().err

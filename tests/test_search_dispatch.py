@@ -1,0 +1,80 @@
+"""schedule="auto": DB exact match, then neighbour / policy, then the heuristic; cuBLAS fallback."""
+import pytest
+
+import gemmc
+from gemmc.dispatch import Decision, heuristic_schedule, resolve_auto
+from gemmc.schedule import is_valid
+from gemmc.search.db import TuningDB
+from gemmc.search.strategy import Measurement, SearchProblem
+from gemmc.spec import EpilogueInput, EpilogueOp, Ref
+
+SPEC = gemmc.GemmSpec(256, 4096, 4096)
+BIAS = gemmc.GemmSpec(256, 4096, 4096, inputs=(EpilogueInput("bias", "row"),),
+                      epilogue=(EpilogueOp("add", (Ref.acc(), Ref.input("bias"))),))
+
+
+def _cands(spec):
+    return SearchProblem.of(spec).candidates
+
+
+@pytest.fixture
+def db(tmp_path):
+    return TuningDB(tmp_path / "t.sqlite")
+
+
+def test_no_db_uses_the_heuristic(tmp_path):
+    d = resolve_auto(SPEC, "sm_90a", db=tmp_path / "missing.sqlite")
+    assert d.source == "heuristic" and not d.use_cublas and is_valid(d.schedule, SPEC)
+    assert not (tmp_path / "missing.sqlite").exists()           # a lookup never creates the DB
+    assert d.schedule == heuristic_schedule(SPEC, "sm_90a")
+
+
+def test_exact_match_and_cublas_fallback(db):
+    c = _cands(SPEC)
+    db.record(SPEC, "sm_90a", Measurement(c[5], 50.0, None, 45.0), "H200")
+    db.record(SPEC, "sm_90a", Measurement(c[7], 47.0, None, 45.5), "H200")
+    d = resolve_auto(SPEC, "sm_90a", db=db)
+    assert d == Decision(c[7], "db", use_cublas=True, detail=d.detail)   # cuBLAS 45 < 47
+    db.record(SPEC, "sm_90a", Measurement(c[9], 40.0, None, 45.0), "H200")
+    d = resolve_auto(SPEC, "sm_90a", db=db)
+    assert d.schedule == c[9] and d.source == "db" and not d.use_cublas
+
+
+def test_epilogue_never_falls_back_to_cublas(db):
+    c = _cands(BIAS)
+    db.record(BIAS, "sm_90a", Measurement(c[3], 60.0, None, 40.0), "H200")
+    d = resolve_auto(BIAS, "sm_90a", db=db)
+    assert d.source == "db" and d.schedule == c[3] and not d.use_cublas
+    # the plain problem's tuning is a different problem: it does not leak into the epilogue one
+    assert resolve_auto(gemmc.GemmSpec(256, 4096, 4096), "sm_90a", db=db).source == "heuristic"
+
+
+def test_symbolic_m_resolves_with_runtime_m(db):
+    c = _cands(SPEC)
+    db.record(SPEC, "sm_90a", Measurement(c[11], 30.0, None, 45.0), "H200")
+    sym = gemmc.GemmSpec("M", 4096, 4096)
+    assert resolve_auto(sym, "sm_90a", m=256, db=db).schedule == c[11]
+    assert resolve_auto(sym, "sm_90a", db=db).source == "heuristic"   # no m: nothing to look up
+
+
+def test_nearest_tuned_shape_then_heuristic(db):
+    c = _cands(SPEC)
+    db.record(SPEC, "sm_90a", Measurement(c[11], 30.0, None, 20.0), "H200")
+    near = gemmc.GemmSpec(384, 4096, 4096)
+    d = resolve_auto(near, "sm_90a", db=db)
+    assert d.source == "nearest" and d.schedule == c[11] and not d.use_cublas   # cuBLAS only on exact
+    far = gemmc.GemmSpec(8192, 1024, 256)
+    assert resolve_auto(far, "sm_90a", db=db).source == "heuristic"
+
+
+def test_policy_before_a_distant_neighbour(db):
+    from gemmc.search.rl import ShapeExamples, train_policy
+    c = list(_cands(SPEC))
+    pol = train_policy([ShapeExamples(SPEC, c[:20], [0.01 * i for i in range(20)])], epochs=5)
+    db.record(SPEC, "sm_90a", Measurement(c[11], 30.0, None, 20.0), "H200")
+    db.save_policy(pol)
+    other = gemmc.GemmSpec(1024, 4096, 4096)     # 4x in M: not a close neighbour
+    d = resolve_auto(other, "sm_90a", db=db)
+    assert d.source == "policy"
+    assert d.schedule == pol.best(other, list(_cands(other)))
+    assert resolve_auto(gemmc.GemmSpec(512, 4096, 4096), "sm_90a", db=db).source == "nearest"  # within 2x
