@@ -1,6 +1,8 @@
 """The Builder: parallel spawned compiles, a failing candidate and a hung one are recorded and skipped."""
 import time
 
+import pytest
+
 import gemmc
 from gemmc.search.builder import Builder
 from gemmc.search.runner import Runner
@@ -59,3 +61,14 @@ def test_search_loop_skips_failed_builds():
     failed = [r for r in res if not r.ok]
     assert all(r.schedule.split_k == 2 for r in failed)
     assert set(measured) == {r.schedule for r in res if r.ok}   # only built ones were measured
+
+
+@pytest.mark.gpu
+def test_runner_checks_and_times_on_the_gpu():
+    """The default Runner: gemmc.compile + the bench's check-then-time, cuBLAS interleaved."""
+    from gemmc.dispatch import heuristic_schedule
+    spec = gemmc.GemmSpec(1024, 1024, 1024)
+    s = heuristic_schedule(spec, "sm_90a")
+    m = Runner().measure(spec, s, "sm_90a")
+    assert m.ok, m.error
+    assert 1.0 < m.time_us < 10_000 and 1.0 < m.cublas_us < 10_000

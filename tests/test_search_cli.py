@@ -79,3 +79,42 @@ def test_tune_refuses_without_gpu(tmp_path, capsys):
         pytest.skip("has a GPU")
     assert main(["--db", str(tmp_path / "t.sqlite"), "tune", "--suite", "llm", "--budget", "2"]) == 2
     assert "simulate" in capsys.readouterr().err
+
+
+class _InlineBuilder:
+    """Builder stand-in without processes (the real one is tested in test_search_builder)."""
+
+    def build(self, spec, schedules, arch):
+        from gemmc.search.builder import BuildResult
+        return [BuildResult(s, s.split_k != 4, 0.1, None if s.split_k != 4 else "compile: no") for s in schedules]
+
+
+class _FakeRunner:
+    def __init__(self):
+        self.calls = 0
+
+    def measure(self, spec, s, arch, kernel_spec=None):
+        from gemmc.search.synthetic import model_time_us
+        self.calls += 1
+        return Measurement(s, model_time_us(s, spec), None, cublas_us=30.0)
+
+
+def test_tune_writes_every_measurement_and_resumes(tmp_path, capsys):
+    from gemmc.bench.suites import Shape
+    from gemmc.search.cli import print_summary, tune_shapes
+    db = TuningDB(tmp_path / "t.sqlite")
+    shapes = [Shape(64, 4096, 4096), Shape(2048, 2048, 2048)]
+    runner = _FakeRunner()
+    kw = dict(dtype="bf16", arch="sm_90a", strategy="bayes", batch=3, db=db, builder=_InlineBuilder(),
+              runner=runner, gpu_name="fake", progress=False)
+    tune_shapes(shapes, budget=5, **kw)
+    assert db.count() == 10
+    summary = tune_shapes(shapes, budget=8, symbolic=True, **kw)   # resume: 3 more per shape, none repeated
+    assert db.count() == 16
+    for sh in shapes:
+        rows = [r for r in db.rows() if (r["m"], r["n"], r["k"]) == (sh.m, sh.n, sh.k)]
+        assert len({r["schedule"] for r in rows}) == 8
+    assert runner.calls == sum(r["error"] is None for r in db.rows())
+    print_summary(summary)
+    out = capsys.readouterr().out
+    assert "64x4096x4096" in out and "geomean speedup over cuBLAS" in out

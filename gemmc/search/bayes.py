@@ -14,18 +14,25 @@ import warnings
 import torch
 
 from .features import gp_features
-from .heuristic_prior import heuristic_order
+from .heuristic_prior import heuristic_available, heuristic_order
 from .strategy import BaseStrategy, SearchProblem
 
 
 class BayesStrategy(BaseStrategy):
     name = "bayes"
 
-    def __init__(self, seed: int = 0, n_init: int = 3, use_heuristic: bool = True, fit_maxiter: int = 75):
+    def __init__(self, seed: int = 0, n_init: int = 3, use_heuristic: bool = True, fit_maxiter: int = 75,
+                 warm_maxiter: int = 25):
         super().__init__(seed)
         self.n_init = n_init
         self.use_heuristic = use_heuristic
         self.fit_maxiter = fit_maxiter
+        self.warm_maxiter = warm_maxiter
+
+    @property
+    def deterministic(self) -> bool:
+        """Seeded by the heuristic it is; without it the first point is random."""
+        return self.use_heuristic and heuristic_available()
 
     def start(self, problem: SearchProblem) -> None:
         super().start(problem)
@@ -36,6 +43,7 @@ class BayesStrategy(BaseStrategy):
         self._index = {s: i for i, s in enumerate(problem.candidates)}
         self._prior = heuristic_order(problem) if self.use_heuristic else None
         self._rng = random.Random(self.seed)
+        self._hyper = None     # the last fit's hyperparameters: the next fit starts from them
 
     # ---- initial design ---------------------------------------------------------------------
     def _initial(self, n: int) -> list:
@@ -73,10 +81,16 @@ class BayesStrategy(BaseStrategy):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # botorch's data-scaling advice; the inputs are [0, 1] by design
             model = SingleTaskGP(tx, ty, outcome_transform=Standardize(m=1))
+            if self._hyper is not None:
+                model.load_state_dict(self._hyper, strict=False)
             mll = ExactMarginalLogLikelihood(model.likelihood, model)
             try:
-                fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": self.fit_maxiter}})
-            except Exception:  # a failed fit keeps the prior hyperparameters; EI still ranks
+                iters = self.fit_maxiter if self._hyper is None else self.warm_maxiter
+                fit_gpytorch_mll(mll, optimizer_kwargs={"options": {"maxiter": iters}})
+                self._hyper = {k: v.detach().clone() for k, v in model.state_dict().items()
+                               if k.rsplit(".", 1)[-1] in ("raw_noise", "raw_constant", "raw_lengthscale",
+                                                           "raw_outputscale")}
+            except Exception:  # a failed fit keeps the previous hyperparameters; EI still ranks
                 pass
         return model, float(ty.max())
 

@@ -56,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--compile-timeout", type=float, default=600.0)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--no-train-policy", action="store_true", help="skip retraining the policy at the end")
+    t.add_argument("--symbolic", action="store_true",
+                   help="compile each schedule once for symbolic M, N, K (shared by every shape)")
 
     r = sub.add_parser("report", help="what is tuned, and the speed-ups over cuBLAS")
     r.add_argument("--json", action="store_true")
@@ -125,61 +127,49 @@ def cmd_report(args) -> int:
     return 0
 
 
-def cmd_tune(args) -> int:
+def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, batch: int, db, builder, runner,
+                gpu_name: str, seed: int = 0, progress: bool = True, symbolic: bool = False) -> list:
+    """Tune every shape (resuming from what `db` holds); [(shape, BestEntry | None)].
+
+    symbolic: compile each schedule once for symbolic M, N, K (one kernel serves every shape, as in
+    the bench's sweep) instead of once per static shape."""
     from tqdm import tqdm
 
-    from ..bench.suites import Shape, get_suite, load_shapes
     from ..spec import GemmSpec
-    from .builder import Builder
-    from .runner import Runner
-    from .strategy import SearchProblem, make_strategy
-    shapes = get_suite(args.suite, args.sample, args.seed) if args.suite else load_shapes(args.shapes)
-    db = _db(args)
-    runner = Runner()
-    gpu = runner.gpu_name()
-    if gpu == "cpu":
-        print("gemmc-search tune measures on a GPU and none is visible; use `gemmc-search simulate` on the CPU",
-              file=sys.stderr)
-        return 2
-    kw = {}
-    strategy = make_strategy(args.strategy, seed=args.seed, **kw)
-    total = len(shapes) * args.budget
-    bar = tqdm(total=total, desc=f"tune ({args.strategy})", unit="meas", file=sys.stderr, dynamic_ncols=True)
+    from .strategy import Measurement, SearchProblem, make_strategy, run_search
+    strat = make_strategy(strategy, seed=seed)
+    bar = tqdm(total=len(shapes) * budget, desc=f"tune ({strategy})", unit="meas", file=sys.stderr,
+               dynamic_ncols=True, disable=not progress)
     summary = []
-    with Builder(workers=args.workers, timeout_s=args.compile_timeout) as builder:
-        for sh in shapes:
-            spec = GemmSpec(sh.m, sh.n, sh.k, dtype=args.dtype)
-            problem = SearchProblem.of(spec, args.arch)
-            prior = db.prior(spec, args.arch, gpu)
-            bar.update(min(len(prior), args.budget))
-            bar.set_postfix_str(str(sh))
+    for sh in shapes:
+        spec = GemmSpec(sh.m, sh.n, sh.k, dtype=dtype)
+        problem = SearchProblem.of(spec, arch)
+        prior = db.prior(spec, arch, gpu_name)
+        bar.update(min(len(prior), budget))
+        bar.set_postfix_str(str(sh))
 
-            def evaluate(schedules, spec=spec):
-                from .strategy import Measurement
-                out = []
-                for b in builder.build(spec, schedules, args.arch):
-                    if not b.ok:
-                        m = Measurement(b.schedule, None, b.error, compile_s=b.compile_s)
-                    else:
-                        r = runner.measure(spec, b.schedule, args.arch)
-                        m = Measurement(b.schedule, r.time_us, r.error, r.cublas_us, b.compile_s)
-                    db.record(spec, args.arch, m, gpu, args.strategy)   # one transaction each
-                    bar.update(1)
-                    out.append(m)
-                return out
+        kspec = spec.with_dims(m="M", n="N", k="K") if symbolic else spec
 
-            from .strategy import run_search
-            run_search(strategy, problem, evaluate, budget=max(0, args.budget - len(prior)),
-                       batch=args.batch, prior=prior)
-            best = db.best(spec, args.arch, gpu)
-            summary.append((sh, best))
+        def evaluate(schedules, spec=spec, kspec=kspec):
+            out = []
+            for b in builder.build(kspec, schedules, arch):
+                if not b.ok:
+                    m = Measurement(b.schedule, None, b.error, compile_s=b.compile_s)
+                else:
+                    r = runner.measure(spec, b.schedule, arch, kspec)
+                    m = Measurement(b.schedule, r.time_us, r.error, r.cublas_us, b.compile_s)
+                db.record(spec, arch, m, gpu_name, strategy)   # one transaction each
+                bar.update(1)
+                out.append(m)
+            return out
+
+        run_search(strat, problem, evaluate, budget=max(0, budget - len(prior)), batch=batch, prior=prior)
+        summary.append((sh, db.best(spec, arch, gpu_name)))
     bar.close()
-    if not args.no_train_policy and args.strategy != "rl":
-        from .rl import train_policy_from_db
-        try:
-            train_policy_from_db(db)
-        except ValueError as e:
-            print(f"policy not trained: {e}", file=sys.stderr)
+    return summary
+
+
+def print_summary(summary) -> None:
     print(f"{'shape':>20} {'gemmc us':>10} {'cuBLAS us':>10} {'speedup':>8}  schedule")
     for sh, e in summary:
         if e is None:
@@ -189,7 +179,34 @@ def cmd_tune(args) -> int:
         print(f"{str(sh):>20} {e.time_us:10.2f} {e.cublas_us or float('nan'):10.2f} {sp:>8}  {e.schedule.short()}")
     sps = [e.speedup for _, e in summary if e and e.speedup]
     if sps:
-        print(f"geomean speedup over cuBLAS: {_geomean(sps):.3f}x over {len(sps)} shapes")
+        print(f"geomean speedup over cuBLAS: {_geomean(sps):.3f}x over {len(sps)} shapes; with the cuBLAS "
+              f"fallback: {_geomean([max(1.0, s) for s in sps]):.3f}x")
+
+
+def cmd_tune(args) -> int:
+    from ..bench.suites import get_suite, load_shapes
+    from .builder import Builder
+    from .runner import Runner
+    shapes = get_suite(args.suite, args.sample, args.seed) if args.suite else load_shapes(args.shapes)
+    runner = Runner()
+    gpu = runner.gpu_name()
+    if gpu == "cpu":
+        print("gemmc-search tune measures on a GPU and none is visible; use `gemmc-search simulate` on the CPU",
+              file=sys.stderr)
+        return 2
+    db = _db(args)
+    with Builder(workers=args.workers, timeout_s=args.compile_timeout) as builder:
+        summary = tune_shapes(shapes, dtype=args.dtype, arch=args.arch, strategy=args.strategy, budget=args.budget,
+                              batch=args.batch, db=db, builder=builder, runner=runner, gpu_name=gpu, seed=args.seed,
+                              symbolic=args.symbolic)
+    if not args.no_train_policy and args.strategy != "rl":
+        from .rl import train_policy_from_db
+        try:
+            pol = train_policy_from_db(db)
+            print(f"policy retrained on {pol.trained_shapes} problems", file=sys.stderr)
+        except ValueError as e:
+            print(f"policy not trained: {e}", file=sys.stderr)
+    print_summary(summary)
     return 0
 
 

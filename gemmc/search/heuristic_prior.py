@@ -15,6 +15,14 @@ from .strategy import SearchProblem
 _warned = False
 
 
+def heuristic_available() -> bool:
+    try:
+        from ..heuristic import rank_schedules  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
 def heuristic_order(problem: SearchProblem) -> Optional[list[Schedule]]:
     """The feasible candidates, best-first by the heuristic; None if the heuristic is unavailable."""
     global _warned

@@ -8,6 +8,7 @@ from .strategy import BaseStrategy, SearchProblem
 
 class RandomStrategy(BaseStrategy):
     name = "random"
+    deterministic = False
 
     def start(self, problem: SearchProblem) -> None:
         super().start(problem)

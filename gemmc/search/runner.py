@@ -29,10 +29,13 @@ class Runner:
         import torch
         return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
-    def measure(self, spec: GemmSpec, schedule: Schedule, arch: str) -> Measurement:
+    def measure(self, spec: GemmSpec, schedule: Schedule, arch: str,
+                kernel_spec: Optional[GemmSpec] = None) -> Measurement:
+        """Time `schedule` on the problem `spec`; the kernel is compiled for `kernel_spec` (default
+        `spec`; the symbolic spec when one kernel serves every shape, as the Builder built it)."""
         if self.measure_fn is not None:
             return self.measure_fn(spec, schedule, arch)
-        return self._measure_gpu(spec, schedule, arch)
+        return self._measure_gpu(spec, schedule, arch, kernel_spec or spec)
 
     def _inputs(self, spec: GemmSpec):
         """Input sets per shape, kept across the schedules of one problem."""
@@ -50,7 +53,7 @@ class Runner:
             self._sets[key] = (shape, make_input_sets(shape, torch_dtype(spec.dtype), self.device, n, self.timing.seed))
         return self._sets[key]
 
-    def _measure_gpu(self, spec: GemmSpec, schedule: Schedule, arch: str) -> Measurement:
+    def _measure_gpu(self, spec: GemmSpec, schedule: Schedule, arch: str, kernel_spec: GemmSpec) -> Measurement:
         import gemmc
         from ..bench.timing import CudaClock, TimingConfig, bench_shape, spin_up
         if spec.has_epilogue or spec.a_layout != "mk" or spec.b_layout != "nk" or spec.batch is not None:
@@ -62,7 +65,7 @@ class Runner:
             self._clock = CudaClock(graphs=not self.timing.host_timing)
             spin_up(device=self.device)
         try:
-            kernel = gemmc.compile(spec, schedule=schedule, arch=arch)
+            kernel = gemmc.compile(kernel_spec, schedule=schedule, arch=arch)
             shape, sets = self._inputs(spec)
             rec = bench_shape(shape, kernel, sets, self._clock, self.timing)
         except Exception as e:

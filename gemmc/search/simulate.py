@@ -144,8 +144,9 @@ def simulate(problems: Sequence[RecordedProblem], strategies: Sequence[str], bud
     """{strategy: {budget: {"median_fraction", "score_vs_random"}}}; budget 1 is the first proposal.
 
     Fraction per (problem, seed) = best_time / best found within the budget; per problem the mean
-    over seeds; reported: the median over problems. `rl` is evaluated only on problems of a fold
-    it was not trained on (seed s uses fold s mod n_folds)."""
+    over seeds; reported: the median over problems. Deterministic strategies (exhaustive; bayes
+    when the heuristic seeds it) run once. `rl` runs once per fold, on the problems of a fold it was
+    not trained on, so every problem is evaluated zero-shot by a policy that never saw it."""
     import torch
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # tiny models: extra threads only contend (and CI has 2 cores)
@@ -163,9 +164,13 @@ def _simulate(problems, strategies, budgets, seeds, batch, rl_folds, rl_epochs, 
     policies: dict[int, object] = {}
     for name in strategies:
         acc = per.setdefault(name, {b: {} for b in budgets})
-        for seed in range(seeds if name != "exhaustive" else 1):
+        if name == "rl":
+            runs = range(len(folds))          # deterministic given its policy: each fold once
+        else:
+            runs = range(1) if make_strategy(name).deterministic else range(seeds)
+        for seed in runs:
             if name == "rl":
-                fi = seed % len(folds)
+                fi = seed
                 if fi not in policies:
                     from .rl import train_policy_on_problems
                     train = [problems[i] for i in range(len(problems)) if i not in set(folds[fi])]

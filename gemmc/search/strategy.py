@@ -75,6 +75,7 @@ class Strategy(Protocol):
 class BaseStrategy:
     """Bookkeeping every strategy needs: the problem, what was proposed and what was measured."""
     name = "base"
+    deterministic = True     # the same history gives the same proposals whatever the seed
 
     def __init__(self, seed: int = 0):
         self.seed = seed
