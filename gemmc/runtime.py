@@ -121,9 +121,14 @@ class _TensorCheck:
         self.vector = p.role == "input" and (self.rank == 1 or (self.rank == 2 and p.shape[0] == "L"))
 
 
+_WORKSPACE_STREAMS_KEPT = 2
+
+
 def _current_raw_stream(device) -> int:
     """torch's current CUDA stream handle for `device` (the cheap private accessor when it exists)."""
     import torch
+    if device.type != "cuda":
+        return 0
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
         return raw(device.index if device.index is not None else torch.cuda.current_device())
@@ -335,8 +340,7 @@ class Launcher:
         stream are ordered, so reuse is safe. Kernels must leave it as they found it (flags reset).
         """
         import torch
-        stream = _current_raw_stream(device) if device.type == "cuda" else 0
-        key = (index, device, stream)
+        key = (index, device, _current_raw_stream(device))
         views = self._workspace_buffers.get(key)
         if views is not None:
             v = views.get(elems)
@@ -352,6 +356,12 @@ class Launcher:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             # Memory allocated while capturing belongs to the graph's pool: don't keep it for eager calls.
             return buf[:elems]
+        # Keep the newest few streams per (param, device): a caller that makes a new stream per call
+        # (a timing harness) must not pin one buffer per stream forever. Dropping the oldest is safe:
+        # the caching allocator reuses its memory only after work queued on its stream.
+        same = [k for k in self._workspace_buffers if k[:2] == key[:2]]
+        for old in same[:max(0, len(same) + 1 - _WORKSPACE_STREAMS_KEPT)]:
+            del self._workspace_buffers[old]
         self._workspace_buffers[key] = {None: buf, elems: buf[:elems]}
         return buf[:elems]
 

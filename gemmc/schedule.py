@@ -140,7 +140,9 @@ def epilogue_smem_bytes(s: Schedule, spec: GemmSpec) -> int:
     if s.arch != "sm_90a":
         return 0
     em, en = epilogue_tile(s)
-    per_stage = em * en * spec.out_dtype.bytes
+    # under split-K the main kernel stores f32 partials (the reduce kernel applies the epilogue)
+    store_bytes = 4 if s.split_k > 1 else spec.out_dtype.bytes
+    per_stage = em * en * store_bytes
     per_stage += sum(em * en * i.dtype.bytes for i in spec.inputs if i.kind == "full")
     return per_stage * EPI_STAGES
 

@@ -371,3 +371,15 @@ def test_batched_kernel_shares_an_unbatched_vector_without_copying(always_valida
     per_batch = torch.randn(3, 8).bfloat16()       # a per-batch vector passes through untouched
     k(a, b, per_batch)
     assert rec.calls[-1][3] is per_batch
+
+
+def test_workspace_cache_keeps_a_bounded_number_of_streams(monkeypatch):
+    import gemmc.runtime as rt
+    k, _ = cpu_launcher(GEMM_PARAMS)
+    streams = iter(range(100))
+    monkeypatch.setattr(rt, "_current_raw_stream", lambda device: next(streams))
+    monkeypatch.setattr(rt, "_WORKSPACE_STREAMS_KEPT", 3)
+    dev = torch.device("cpu")
+    bufs = [k.workspace(4, 64, dev) for _ in range(10)]
+    assert len(k._workspace_buffers) == 3                     # one new stream per call: only 3 kept
+    assert all(b.shape == (64,) for b in bufs)

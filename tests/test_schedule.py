@@ -166,3 +166,15 @@ def test_space_for_arch_matches_the_predicate():
     sm90 = enumerate_schedules(SPEC, "sm_90a")
     assert any(s.mode == "pingpong" and s.tile[0] == 64 for s in sm90)
     assert not any(s.mode == "pingpong" and s.tile[1] == 256 and s.tile[0] == 128 for s in sm90)  # registers
+
+
+def test_split_k_stages_f32_partials_through_the_epilogue_smem():
+    # Measured on the H200 (2026-11-30): a 128x192 cooperative split-K kernel allocated 238592 B, over the
+    # 232448 B limit, when the model counted bf16 epilogue buffers; its partials are f32.
+    from gemmc.schedule import epilogue_smem_bytes, smem_bytes, ARCH_LIMITS
+    spec = GemmSpec(m=4096, n=4096, k=4096)
+    plain = Schedule(tile=(128, 192, 64))
+    split = plain.with_(split_k=2)
+    assert epilogue_smem_bytes(split, spec) == 2 * epilogue_smem_bytes(plain, spec)
+    assert smem_bytes(split, spec) <= ARCH_LIMITS["sm_90a"].smem_bytes
+    assert resolve_stages(split, spec) == 4 and resolve_stages(plain, spec) == 5

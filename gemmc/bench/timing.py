@@ -64,6 +64,7 @@ class CudaClock:
 
     def __init__(self, graphs: bool = True):
         self.graphs = graphs
+        self._side = None
 
     def prepare(self, calls):
         calls = list(calls)
@@ -73,7 +74,9 @@ class CudaClock:
                     c()
             return unit
         # Warm on a side stream first: libraries allocate workspaces lazily, which capture forbids.
-        side = torch.cuda.Stream()
+        if self._side is None:          # one side stream: per-stream caches (workspaces) stay bounded
+            self._side = torch.cuda.Stream()
+        side = self._side
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             calls[0]()
