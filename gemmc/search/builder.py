@@ -35,6 +35,16 @@ def compile_and_build(spec: GemmSpec, schedule: Schedule, arch: str):
     return str(artifact) if artifact is not None else None
 
 
+def _warm_worker() -> None:
+    """Pool initializer: pay the compiler's imports once per worker, outside every compile_s."""
+    try:
+        import cutlass.cute  # noqa: F401
+
+        import gemmc.compiler  # noqa: F401
+    except Exception:  # noqa: BLE001  a job will report the real error
+        pass
+
+
 def _job(compile_fn: Callable, spec: GemmSpec, schedule: Schedule, arch: str) -> tuple:
     """Worker side: never raises, so one bad schedule cannot poison the pool."""
     t0 = time.perf_counter()
@@ -53,7 +63,8 @@ class Builder:
         self._pool: Optional[ProcessPoolExecutor] = None
 
     def _new_pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"))
+        warm = _warm_worker if self.compile_fn is compile_and_build else None
+        return ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"), initializer=warm)
 
     def _kill_pool(self) -> None:
         if self._pool is None:

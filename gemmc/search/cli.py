@@ -137,7 +137,13 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
 
     from ..spec import GemmSpec
     from .strategy import Measurement, SearchProblem, make_strategy, run_search
-    strat = make_strategy(strategy, seed=seed)
+    kw = {}
+    if strategy == "rl":
+        kw["policy"] = db.load_policy()
+        if kw["policy"] is None:
+            raise SystemExit(f"{db.path} holds no policy: tune with another strategy first, or "
+                             "`gemmc-search import` one, or `gemmc-search train-policy`")
+    strat = make_strategy(strategy, seed=seed, **kw)
     bar = tqdm(total=len(shapes) * budget, desc=f"tune ({strategy})", unit="meas", file=sys.stderr,
                dynamic_ncols=True, disable=not progress)
     summary = []
