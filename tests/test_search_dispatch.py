@@ -1,5 +1,6 @@
 """schedule="auto": DB exact match, then neighbour / policy, then the heuristic; cuBLAS fallback."""
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import gemmc
 from gemmc.dispatch import Decision, heuristic_schedule, resolve_auto
@@ -78,3 +79,23 @@ def test_policy_before_a_distant_neighbour(db):
     assert d.source == "policy"
     assert d.schedule == pol.best(other, list(_cands(other)))
     assert resolve_auto(gemmc.GemmSpec(512, 4096, 4096), "sm_90a", db=db).source == "nearest"  # within 2x
+
+
+_DIMS = st.sampled_from([16, 64, 128, 256, 512, 1024, 4096])
+
+
+@settings(max_examples=30, deadline=None)
+@given(m=_DIMS, n=_DIMS, k=_DIMS, cublas=st.floats(5.0, 100.0), epi=st.booleans())
+def test_decisions_are_always_valid_and_fallback_only_on_exact_plain(tmp_path_factory, m, n, k, cublas, epi):
+    path = tmp_path_factory.mktemp("db") / "t.sqlite"
+    db = TuningDB(path)
+    for tm, tn, tk in [(128, 4096, 4096), (1024, 1024, 1024), (64, 512, 4096)]:
+        spec = gemmc.GemmSpec(tm, tn, tk)
+        db.record(spec, "sm_90a", Measurement(_cands(spec)[-1], 40.0, None, cublas), "H200")
+    spec = BIAS.with_dims(m=m, n=n, k=k) if epi else gemmc.GemmSpec(m, n, k)
+    d = resolve_auto(spec, "sm_90a", db=db)
+    assert is_valid(d.schedule, spec)
+    if d.use_cublas:
+        assert d.source == "db" and not epi and cublas < 40.0
+    exact = (m, n, k) in [(128, 4096, 4096), (1024, 1024, 1024), (64, 512, 4096)] and not epi
+    assert (d.source == "db") == exact

@@ -123,3 +123,30 @@ def test_small_simulation_meets_the_targets(problems):
     assert frac(rl, "rl", 8) >= 0.97
     assert frac(rl, "rl", 8) > frac(rl, "random", 8) + 0.05
     assert rl["random"]["8"]["score_vs_random"] == 0.0
+
+
+def test_rl_policy_zero_shot_finetune_and_persistence(problems):
+    from gemmc.search.rl import RLStrategy, SchedulePolicy, train_policy_on_problems
+    train, held = problems[:-3], problems[-3:]
+    unseen = [p for p in held if (p.spec.n, p.spec.k) not in {(q.spec.n, q.spec.k) for q in train}] or held
+    pol = train_policy_on_problems(train, epochs=25, seed=0)
+    p = unseen[0]
+    prob = p.problem()
+    first = pol.best(p.spec, list(prob.candidates))
+    assert p.best_us / p.results[first].time_us > 0.85          # zero-shot, never trained on this shape
+    strat = RLStrategy(policy=pol)
+    strat.start(prob)
+    assert strat.propose(1) == [first]
+    before = strat._scores.clone()
+    strat.observe(p.evaluate([first]) + p.evaluate(list(prob.candidates[:5])))
+    strat.propose(1)
+    assert not torch.equal(before, strat._scores)               # fine-tuned online on this shape
+    assert torch.equal(pol.scores(p.spec, prob.candidates), before)   # the trained policy is untouched
+    again = SchedulePolicy.from_bytes(pol.to_bytes())
+    assert torch.equal(again.scores(p.spec, prob.candidates), before)
+    blob = SchedulePolicy(hidden=8)
+    import dataclasses
+    from gemmc.search.features import FeatureSpec
+    blob.feature_spec = dataclasses.replace(FeatureSpec(), version=0)
+    with pytest.raises(ValueError, match="retrain"):
+        SchedulePolicy.from_bytes(blob.to_bytes())

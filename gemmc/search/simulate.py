@@ -125,13 +125,17 @@ def fractions(best_us: float, results: Sequence[Measurement], budgets: Sequence[
 
 
 def split_folds(problems: Sequence[RecordedProblem], n_folds: int, seed: int = 0) -> list[list[int]]:
-    """Problem indices in `n_folds` groups, shuffled by `seed`; grouped by (n, k) so a held-out
-    fold holds shapes whose weight matrix the policy never saw at any M."""
+    """Problem indices in up to `n_folds` groups, shuffled by `seed`. Grouped by (n, k) when there
+    are enough weight shapes, so a held-out fold holds weight shapes the policy never saw at any M;
+    else by problem."""
     groups: dict[tuple, list[int]] = {}
     for i, p in enumerate(problems):
         groups.setdefault((p.spec.n, p.spec.k), []).append(i)
+    if len(groups) < max(2, n_folds):
+        groups = {(i,): [i] for i in range(len(problems))}
     keys = sorted(groups)
     random.Random(seed).shuffle(keys)
+    n_folds = max(2, min(n_folds, len(keys)))
     folds: list[list[int]] = [[] for _ in range(n_folds)]
     for j, key in enumerate(keys):
         folds[j % n_folds].extend(groups[key])
@@ -161,6 +165,8 @@ def _simulate(problems, strategies, budgets, seeds, batch, rl_folds, rl_epochs, 
     top = max(budgets)
     per: dict[str, dict[int, dict[int, list[float]]]] = {}
     folds = split_folds(problems, rl_folds, split_seed) if "rl" in strategies else []
+    if "rl" in strategies and len(folds) < 2:
+        raise ValueError("rl needs at least two recorded problems (it is trained on some, evaluated on others)")
     policies: dict[int, object] = {}
     for name in strategies:
         acc = per.setdefault(name, {b: {} for b in budgets})
