@@ -60,7 +60,7 @@ def test_report_export_import_round_trip(tmp_path, capsys):
     assert main(["--db", str(a), "train-policy", "--epochs", "3"]) == 0
     assert main(["--db", str(a), "report"]) == 0
     text = capsys.readouterr().out
-    assert "128x4096x  4096" in text and cands[1].short() in text
+    assert "128x4096x4096" in text and cands[1].short() in text
     assert "25.00" in text and "1.120" in text          # speedup 28 / 25
     assert main(["--db", str(a), "export", str(tmp_path / "x.json.gz")]) == 0
     b = tmp_path / "b.sqlite"

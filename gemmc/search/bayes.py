@@ -56,7 +56,8 @@ class BayesStrategy(BaseStrategy):
                     break
         rest = [s for s in self.remaining() if s not in picks]
         while len(picks) < n and rest:
-            chosen = [self._index[s] for s in picks] + [self._index[h.schedule] for h in self.history]
+            chosen = [self._index[s] for s in picks] + \
+                [self._index[h.schedule] for h in self.history if h.schedule in self._index]
             if not chosen:
                 s = self._rng.choice(rest)
             else:

@@ -118,7 +118,8 @@ def cmd_report(args) -> int:
         f = e.fields
         sp = f"{e.speedup:.3f}" if e.speedup else "-"
         cub = f"{e.cublas_us:.2f}" if e.cublas_us else "-"
-        print(f"{f['m']}x{f['n']}x{f['k']:>6} {f['dtype']:>5} {f['epilogue_class'][:10]:>10} {e.time_us:10.2f} "
+        shape = f"{f['m']}x{f['n']}x{f['k']}" + (f" L{f['batch']}" if f['batch'] else "")
+        print(f"{shape:>20} {f['dtype']:>5} {f['epilogue_class'][:10]:>10} {e.time_us:10.2f} "
               f"{cub:>10} {sp:>8} {e.n_measured:4d}  {e.schedule.short()}")
     sps = [e.speedup for e in rows if e.speedup]
     if sps:

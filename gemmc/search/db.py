@@ -103,8 +103,13 @@ class BestEntry:
 
 
 class TuningDB:
-    def __init__(self, path=None):
+    def __init__(self, path=None, create: bool = True):
+        """create=False: open an existing DB for lookups without touching its schema (no write lock)."""
         self.path = Path(path) if path is not None else default_path()
+        if not create:
+            self.conn = sqlite3.connect(str(self.path), timeout=60)
+            self.conn.row_factory = sqlite3.Row
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.conn = sqlite3.connect(str(self.path), timeout=60)
         self.conn.row_factory = sqlite3.Row
@@ -118,7 +123,7 @@ class TuningDB:
     def open_existing(cls, path=None) -> Optional["TuningDB"]:
         """The DB if the file exists (never creates one: lookups must not write)."""
         p = Path(path) if path is not None else default_path()
-        return cls(p) if p.exists() else None
+        return cls(p, create=False) if p.exists() else None
 
     def close(self) -> None:
         self.conn.close()
