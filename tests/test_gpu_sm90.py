@@ -56,3 +56,13 @@ def test_drawn_shapes(name, m, n8, k8):
     if m * n * k > 2**36:      # keep one example under ~0.1 s of GPU time
         k = max(8, (2**36 // (m * n)) // 8 * 8)
     run_check(name, [(m, n, k)])
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="known fault (2026-11-30, H200): a static M=1 SM90 kernel raises an "
+                   "illegal instruction; symbolic M runs M=1 correctly. Repro: scripts/repro_static_m1.py")
+def test_static_m_smaller_than_the_tile():
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "scripts/repro_static_m1.py"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
