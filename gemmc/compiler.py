@@ -47,9 +47,17 @@ def choose_schedule(spec: GemmSpec, schedule: Union[str, Schedule, dict], arch: 
     if schedule not in SCHEDULE_CHOICES:
         raise SpecError(f"schedule={schedule!r}; use 'auto', 'heuristic' or a gemmc.Schedule(...)")
     arch = as_arch(arch or "sm_90a")
-    # "auto" will consult the tuning database first, once one exists; until then it is the heuristic.
+    if schedule == "auto":
+        return auto_decision(spec, arch).schedule
     from .heuristic import choose_schedule as heuristic_choice
     return heuristic_choice(spec, arch)
+
+
+def auto_decision(spec: GemmSpec, arch: str):
+    """schedule="auto": the tuning DB (exact match, nearest tuned shape, policy), else the heuristic
+    (gemmc/dispatch.py). The Decision says whether cuBLAS measured faster on this exact problem."""
+    from .dispatch import resolve_auto
+    return resolve_auto(spec, as_arch(arch))
 
 
 def lower(spec: GemmSpec, schedule: Schedule, arch: Optional[str] = None) -> tuple[dict[str, str], KernelPlan]:
@@ -77,6 +85,7 @@ class CompiledGemm:
         self.emit = emit
         self._input_ir = input_ir
         self._ir_after = ir_after
+        self.decision = None
 
     def __repr__(self) -> str:
         return f"<gemmc.CompiledGemm {self.spec.name} {self.arch} {self.schedule.short()}>"
@@ -130,7 +139,19 @@ class CompiledGemm:
         return self.kernel.launcher
 
     def __call__(self, *args, **kwargs):
+        if self.decision is not None and self.decision.use_cublas:
+            return _cublas_call(self.spec, *args, **kwargs)
         return self.launcher(*args, **kwargs)
+
+
+def _cublas_call(spec: GemmSpec, a, b, out=None):
+    """torch.matmul for a plain GEMM (no epilogue) where the tuning DB measured cuBLAS faster."""
+    import torch
+    a_mk = a if spec.a_layout == "mk" else a.transpose(-2, -1)
+    b_kn = b.transpose(-2, -1) if spec.b_layout == "nk" else b
+    if out is None:
+        return torch.matmul(a_mk, b_kn)
+    return torch.matmul(a_mk, b_kn, out=out)
 
 
 def compile(spec_or_kernel, schedule: Union[str, Schedule, dict] = "auto", arch: Optional[str] = None,
@@ -140,8 +161,11 @@ def compile(spec_or_kernel, schedule: Union[str, Schedule, dict] = "auto", arch:
     if emit not in EMITS:
         raise SpecError(f"emit={emit!r}; use one of {EMITS}")
     spec = as_spec(spec_or_kernel)
-    chosen = choose_schedule(spec, schedule, arch)
+    decision = auto_decision(spec, arch or "sm_90a") if schedule == "auto" else None
+    chosen = decision.schedule if decision is not None else choose_schedule(spec, schedule, arch)
     require_valid(chosen, spec)
     input_ir = print_module(spec_to_module(spec, chosen))
     ir_after, plan = lower(spec, chosen)
-    return CompiledGemm(spec, chosen, input_ir, ir_after, plan, emit)
+    k = CompiledGemm(spec, chosen, input_ir, ir_after, plan, emit)
+    k.decision = decision       # where "auto" got the schedule, and whether cuBLAS is faster here
+    return k

@@ -127,3 +127,20 @@ def test_compile_is_deterministic_and_fast_for_random_problems(spec):
     b = gemmc.compile(spec, "heuristic", emit="ir")
     assert a.schedule == b.schedule and a.plan == b.plan
     assert a.ir("verify-resources") == b.ir("verify-resources")
+
+
+def test_auto_uses_the_tuning_db_and_falls_back_to_cublas_where_it_measured_faster(tmp_path, monkeypatch):
+    import torch
+    from gemmc.search.db import TuningDB
+    from gemmc.search.strategy import Measurement
+    from gemmc.schedule import enumerate_schedules
+    monkeypatch.setenv("GEMMC_TUNING_DB", str(tmp_path / "t.sqlite"))
+    spec = GemmSpec(m=64, n=256, k=128)
+    tuned = enumerate_schedules(spec)[3]
+    with TuningDB(tmp_path / "t.sqlite") as db:
+        db.record(spec, "sm_90a", Measurement(tuned, 9.0, None, 6.0), "H200")   # cuBLAS faster
+    k = gemmc.compile(spec, schedule="auto")
+    assert k.schedule == tuned and k.decision.source == "db" and k.decision.use_cublas
+    a, b = torch.randn(64, 128), torch.randn(256, 128)
+    assert torch.allclose(k(a, b), a @ b.T)                   # dispatched to torch.matmul, no kernel built
+    assert gemmc.compile(spec, schedule="heuristic").decision is None
