@@ -12,33 +12,13 @@ from __future__ import annotations
 import os
 import sys
 
-from .cli import SCHEDULE_FLAGS, _dim, _shape, _stages
+from .cli import SCHEDULE_FLAGS, add_problem_and_schedule_args
 
 
 def register(sub) -> None:
     p = sub.add_parser("build", help="compile kernels into the cache (works without a GPU)",
                        description="Build the kernel for a problem and schedule into the kernel cache.")
-    prob = p.add_argument_group("problem")
-    prob.add_argument("--m", type=_dim, default="M", help="int, or a name for a symbolic dim (default M)")
-    prob.add_argument("--n", type=_dim, default="N")
-    prob.add_argument("--k", type=_dim, default="K")
-    prob.add_argument("--batch", type=_dim, default=None, help="leading batch dim L (int or name)")
-    prob.add_argument("--dtype", default="bf16", help="A/B element type: bf16 | f16")
-    prob.add_argument("--out-dtype", default=None, help="output type (default: --dtype)")
-    prob.add_argument("--acc-dtype", default="f32")
-    prob.add_argument("--a-layout", default="mk", choices=("mk", "km"))
-    prob.add_argument("--b-layout", default="nk", choices=("nk", "kn"))
-    prob.add_argument("--name", default="gemm")
-    sch = p.add_argument_group("schedule (any of these gives an explicit schedule; the rest default)")
-    sch.add_argument("--arch", default="sm_90a", help="sm_90a | sm_80")
-    sch.add_argument("--schedule", default="auto", choices=("auto", "heuristic"))
-    sch.add_argument("--tile", type=_shape(3), help="MxNxK, e.g. 128x128x64")
-    sch.add_argument("--cluster", type=_shape(2), help="MxN CTAs, e.g. 2x1")
-    sch.add_argument("--stages", type=_stages, help="int or auto")
-    sch.add_argument("--mode", choices=("cooperative", "pingpong"))
-    sch.add_argument("--raster", choices=("m", "n"))
-    sch.add_argument("--swizzle", type=int)
-    sch.add_argument("--split-k", type=int)
+    add_problem_and_schedule_args(p)
     out = p.add_argument_group("output")
     out.add_argument("--cache-dir", default=None, help="cache root (default: $GEMMC_CACHE_DIR or ~/.cache/gemmc)")
     out.add_argument("--ptx", default=None, metavar="FILE", help="also write the PTX to FILE ('-': stdout)")

@@ -51,9 +51,8 @@ def _stages(text: str):
 SCHEDULE_FLAGS = ("tile", "cluster", "stages", "mode", "raster", "swizzle", "split_k")
 
 
-def add_compile_parser(sub) -> None:
-    p = sub.add_parser("compile", help="compile a GEMM and print its IR (or kernel source)",
-                       description="Compile a GEMM; print the IR after the passes you name.")
+def add_problem_and_schedule_args(p) -> None:
+    """The problem and schedule flags shared by `gemmc compile` and `gemmc build`."""
     prob = p.add_argument_group("problem")
     prob.add_argument("--m", type=_dim, default="M", help="int, or a name for a symbolic dim (default M)")
     prob.add_argument("--n", type=_dim, default="N")
@@ -76,6 +75,12 @@ def add_compile_parser(sub) -> None:
     sch.add_argument("--raster", choices=("m", "n"))
     sch.add_argument("--swizzle", type=int)
     sch.add_argument("--split-k", type=int)
+
+
+def add_compile_parser(sub) -> None:
+    p = sub.add_parser("compile", help="compile a GEMM and print its IR (or kernel source)",
+                       description="Compile a GEMM; print the IR after the passes you name.")
+    add_problem_and_schedule_args(p)
     out = p.add_argument_group("output")
     out.add_argument("--print-ir-after-all", action="store_true", help="the input IR, then the IR after each pass")
     out.add_argument("--print-ir-after", action="append", default=[], metavar="PASS",
