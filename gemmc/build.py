@@ -110,6 +110,21 @@ def dim_divisibility(params) -> dict[str, int]:
     return div
 
 
+# Bumped whenever fake_arguments changes what it hands `cute.compile`: the .so changes with it.
+FAKE_ARGUMENTS_REVISION = 2
+
+
+def _fake_extent(d, syms):
+    """A named dim's shared symbol, or a static extent. A static extent of 1 is compiled as a fresh symbol:
+    CuTe coalesces a static size-1 mode away, so the TMA copy drops to 1-D under a 2-D swizzled box, and
+    the kernel dies with an illegal instruction. The launcher still checks the static value."""
+    import cutlass.cute as cute
+
+    if isinstance(d, str):
+        return syms[d]
+    return cute.sym_int() if int(d) == 1 else int(d)
+
+
 def fake_arguments(emitted: EmittedKernel) -> list:
     """One fake per Param, then a fake stream bound to TVM-FFI's env stream (torch's current stream).
 
@@ -127,7 +142,7 @@ def fake_arguments(emitted: EmittedKernel) -> list:
             if not p.shape:
                 raise BuildError(f"tensor param {p.name!r} has no shape")
             c = contiguous_index(p)
-            shape = tuple(syms[d] if isinstance(d, str) else int(d) for d in p.shape)
+            shape = tuple(_fake_extent(d, syms) for d in p.shape)
             stride = tuple(1 if i == c else cute.sym_int64(divisibility=alignment_elems(p.dtype))
                            for i in range(len(shape)))
             fakes.append(cute.runtime.make_fake_tensor(_cutlass_dtype(p.dtype), shape, stride,
@@ -208,7 +223,7 @@ def key_material(emitted: EmittedKernel) -> str:
     """What identifies a compiled kernel: its source, entry, params and compile arch."""
     params = [param_to_dict(p) for p in emitted.params]
     return json.dumps({"source": emitted.source, "entry": emitted.entry, "params": params,
-                       "compile_arch": compile_arch(emitted)}, sort_keys=True)
+                       "compile_arch": compile_arch(emitted), "fakes": FAKE_ARGUMENTS_REVISION}, sort_keys=True)
 
 
 def emitted_key(emitted: EmittedKernel, material: Optional[str] = None) -> str:

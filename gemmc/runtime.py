@@ -121,7 +121,53 @@ class _TensorCheck:
         self.vector = p.role == "input" and (self.rank == 1 or (self.rank == 2 and p.shape[0] == "L"))
 
 
-_WORKSPACE_STREAMS_KEPT = 2
+_WORKSPACE_STREAMS_KEPT = 4
+
+
+class WorkspacePool:
+    """Split-K scratch shared by every launcher: one buffer per (device, stream, dtype).
+
+    Kernels overwrite the partials they read back, so one kernel's leftovers never matter to the next;
+    calls on one stream are ordered, so sharing within a stream is safe, and two streams never share.
+    One pool (not one buffer per launcher) keeps a sweep over hundreds of split-K kernels at the size of
+    its largest workspace. A buffer outgrown is kept alive, not freed: a CUDA graph captured earlier
+    may still point at it (growth at least doubles, so this costs at most the size of the newest).
+    Only the newest `_WORKSPACE_STREAMS_KEPT` streams per device are kept, so a caller that makes a new
+    stream per call does not pin memory forever.
+    """
+
+    def __init__(self):
+        self.buffers: dict[tuple, Any] = {}       # (device, stream, dtype) -> newest buffer
+        self.outgrown: dict[tuple, list] = {}     # same key -> smaller buffers a graph may still use
+
+    def get(self, dtype: DType, elems: int, device):
+        import torch
+        key = (device, _current_raw_stream(device), dtype)
+        buf = self.buffers.get(key)
+        if buf is not None and buf.numel() >= elems:
+            return buf[:elems]
+        tdtype = {DType.f32: torch.float32, DType.f16: torch.float16, DType.bf16: torch.bfloat16}[dtype]
+        size = max(elems, 1, 2 * buf.numel() if buf is not None else 0)
+        new = torch.zeros(size, dtype=tdtype, device=device)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # Memory allocated while capturing belongs to the graph's pool: don't keep it for eager calls.
+            return new[:elems]
+        if buf is not None:
+            self.outgrown.setdefault(key, []).append(buf)
+        streams = list(dict.fromkeys(k[1] for k in self.buffers if k[0] == device and k[1] != key[1]))
+        for old_stream in streams[:max(0, len(streams) + 1 - _WORKSPACE_STREAMS_KEPT)]:
+            for k in [k for k in self.buffers if k[0] == device and k[1] == old_stream]:
+                del self.buffers[k]
+                self.outgrown.pop(k, None)
+        self.buffers[key] = new
+        return new[:elems]
+
+    def nbytes(self) -> int:
+        bufs = list(self.buffers.values()) + [b for v in self.outgrown.values() for b in v]
+        return sum(b.numel() * b.element_size() for b in bufs)
+
+
+WORKSPACES = WorkspacePool()
 
 
 def _current_raw_stream(device) -> int:
@@ -182,7 +228,6 @@ class Launcher:
         self._workspaces = tuple(
             (i, compile(p.workspace_elems or "0", f"<{p.name}.workspace_elems>", "eval"))
             for i, p in enumerate(self.params) if p.kind == "workspace")
-        self._workspace_buffers: dict[Any, Any] = {}
         self._usage = ", ".join(self.params[i].name for i in self._user)
         # fast path: where each named dim is read from (user arg position, dim), and a value template
         self._n_user = len(self._user)
@@ -334,36 +379,8 @@ class Launcher:
         return t.permute([order.index(i) for i in range(c.rank)])
 
     def workspace(self, index: int, elems: int, device):
-        """A zero-initialised scratch tensor of at least `elems` elements, cached per (param, device, stream).
-
-        Per stream, so kernels running concurrently on two streams never share scratch; calls on one
-        stream are ordered, so reuse is safe. Kernels must leave it as they found it (flags reset).
-        """
-        import torch
-        key = (index, device, _current_raw_stream(device))
-        views = self._workspace_buffers.get(key)
-        if views is not None:
-            v = views.get(elems)
-            if v is not None:
-                return v
-            buf = views[None]
-            if buf.numel() >= elems:
-                v = views[elems] = buf[:elems]
-                return v
-        dtype = {DType.f32: torch.float32, DType.f16: torch.float16, DType.bf16: torch.bfloat16}[
-            self.params[index].dtype]
-        buf = torch.zeros(max(elems, 1), dtype=dtype, device=device)
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            # Memory allocated while capturing belongs to the graph's pool: don't keep it for eager calls.
-            return buf[:elems]
-        # Keep the newest few streams per (param, device): a caller that makes a new stream per call
-        # (a timing harness) must not pin one buffer per stream forever. Dropping the oldest is safe:
-        # the caching allocator reuses its memory only after work queued on its stream.
-        same = [k for k in self._workspace_buffers if k[:2] == key[:2]]
-        for old in same[:max(0, len(same) + 1 - _WORKSPACE_STREAMS_KEPT)]:
-            del self._workspace_buffers[old]
-        self._workspace_buffers[key] = {None: buf, elems: buf[:elems]}
-        return buf[:elems]
+        """Scratch of at least `elems` elements from the process-wide pool (see `WorkspacePool`)."""
+        return WORKSPACES.get(self.params[index].dtype, elems, device)
 
     def prepare(self, *args, out=None, **named) -> tuple[list, Any]:
         """Validated, allocated argument list in kernel order, and the output tensor. Nothing launches."""

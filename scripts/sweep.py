@@ -36,6 +36,7 @@ def main(argv=None) -> int:
                         "adds up to one more kernel per schedule)")
     p.add_argument("--split-k", default="1,2,4", help="split-K values (default 1,2,4)")
     p.add_argument("--exclude", metavar="REGEX", help="skip schedules whose short id matches (e.g. '_k4$')")
+    p.add_argument("--max-m", type=int, help="only shapes with M <= this (e.g. a split-K sweep of the small-M shapes)")
     p.add_argument("--max-shapes", type=int, help="only the first N shapes (smoke runs)")
     p.add_argument("--max-schedules", type=int, help="only the first N schedules of each shape (smoke runs)")
     p.add_argument("--smoke", action="store_true", help="3 shapes x 8 schedules, budget 120 s")
@@ -55,6 +56,8 @@ def main(argv=None) -> int:
         shapes = [s for s in shapes if (s.m, s.n, s.k) in {(128, 4096, 4096), (4096, 4096, 4096), (1, 6144, 4096)}]
         args.max_schedules = args.max_schedules or 8
         args.budget_s = min(args.budget_s, 120.0)
+    if args.max_m:
+        shapes = [s for s in shapes if s.m <= args.max_m]
     if args.max_shapes:
         shapes = shapes[: args.max_shapes]
     cfg = SweepConfig(budget_s=args.budget_s, compile_share=args.compile_share, workers=args.workers,

@@ -158,13 +158,15 @@ def test_capture_with_a_fresh_launcher_allocates_its_workspace_in_the_graph(aot)
     x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
     o = torch.empty_like(x)
     k.function                                        # load outside the capture
+    from gemmc.runtime import WORKSPACES
     g = torch.cuda.CUDAGraph()
+    before = dict(WORKSPACES.buffers)
     with torch.cuda.graph(g):
         k(x, x, 3.0, out=o)
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(o, ref(x, x, 3.0))
-    assert k._workspace_buffers == {}                 # the capture-time buffer was not kept for eager use
+    assert WORKSPACES.buffers == before               # the capture-time buffer was not kept for eager use
 
 
 def test_workspace_is_per_stream(toy):
@@ -176,7 +178,8 @@ def test_workspace_is_per_stream(toy):
         z2 = toy(x, x, 2.0)
     torch.cuda.synchronize()
     assert torch.equal(z1, ref(x, x, 1.0)) and torch.equal(z2, ref(x, x, 2.0))
-    bufs = {key[2]: views[None].data_ptr() for key, views in toy._workspace_buffers.items()}
+    from gemmc.runtime import WORKSPACES
+    bufs = {key[1]: buf.data_ptr() for key, buf in WORKSPACES.buffers.items()}
     assert s1.cuda_stream in bufs and s2.cuda_stream in bufs
     assert bufs[s1.cuda_stream] != bufs[s2.cuda_stream]
 

@@ -373,13 +373,32 @@ def test_batched_kernel_shares_an_unbatched_vector_without_copying(always_valida
     assert rec.calls[-1][3] is per_batch
 
 
-def test_workspace_cache_keeps_a_bounded_number_of_streams(monkeypatch):
+def test_workspace_pool_keeps_a_bounded_number_of_streams(monkeypatch):
     import gemmc.runtime as rt
     k, _ = cpu_launcher(GEMM_PARAMS)
+    pool = rt.WorkspacePool()
+    monkeypatch.setattr(rt, "WORKSPACES", pool)
     streams = iter(range(100))
     monkeypatch.setattr(rt, "_current_raw_stream", lambda device: next(streams))
     monkeypatch.setattr(rt, "_WORKSPACE_STREAMS_KEPT", 3)
     dev = torch.device("cpu")
     bufs = [k.workspace(4, 64, dev) for _ in range(10)]
-    assert len(k._workspace_buffers) == 3                     # one new stream per call: only 3 kept
+    assert len(pool.buffers) == 3                     # one new stream per call: only 3 kept
     assert all(b.shape == (64,) for b in bufs)
+
+
+def test_workspace_pool_is_shared_by_launchers_and_grows_geometrically(monkeypatch):
+    import gemmc.runtime as rt
+    pool = rt.WorkspacePool()
+    monkeypatch.setattr(rt, "WORKSPACES", pool)
+    monkeypatch.setattr(rt, "_current_raw_stream", lambda device: 7)
+    dev = torch.device("cpu")
+    k1, _ = cpu_launcher(GEMM_PARAMS)
+    k2, _ = cpu_launcher(GEMM_PARAMS)
+    w1 = k1.workspace(4, 100, dev)
+    w2 = k2.workspace(4, 60, dev)
+    assert w2.data_ptr() == w1.data_ptr() and w2.shape == (60,)      # one buffer for both launchers
+    w3 = k2.workspace(4, 150, dev)                                   # outgrown: doubles, the old one is kept
+    assert w3.shape == (150,) and pool.buffers[(dev, 7, DType.f32)].numel() == 200
+    assert pool.nbytes() == (200 + 100) * 4
+    assert k1.workspace(4, 120, dev).data_ptr() == w3.data_ptr()

@@ -206,6 +206,8 @@ COMPILES = {
                         dict(cluster=(2, 1))),
     "pingpong_1x2": (GemmSpec(batch="L"), dict(cluster=(1, 2), mode="pingpong")),
     "splitk_1x1_static_nk": (GemmSpec(m="M", n=4096, k=1024), dict(split_k=3)),
+    # a static extent of 1 must not collapse a TMA copy to 1-D (it faulted on the H200)
+    "pingpong_static_m1": (GemmSpec(m=1, n=6144, k=4096), dict(tile=(64, 192, 64), mode="pingpong", split_k=4)),
 }
 
 
@@ -236,5 +238,6 @@ def test_ptx_has_the_hopper_instructions_the_plan_asks_for(ptx_of, name):
     assert re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)
     # ping-pong: ordered named barriers between the two consumer warpgroups (256 threads)
     assert bool(re.search(r"bar\.arrive\s+%r\d+, 256;", ptx)) == (plan.mode == "pingpong")
+    assert "cp.async.bulk.tensor.1d" not in ptx
     kernels = re.findall(r"^\.visible \.entry|^\.entry", ptx, re.M)
     assert len(kernels) == (2 if plan.scheduler.split_k > 1 else 1)   # split-K adds the reduce kernel
