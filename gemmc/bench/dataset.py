@@ -161,3 +161,28 @@ def best_per_shape(records: Iterable[dict]) -> dict:
         if key not in best or t < best[key]["time_us"]:
             best[key] = r
     return best
+
+
+def short_time_us(rec: dict) -> Optional[float]:
+    """The short-pass time of a record: the one every schedule of a shape has (refined ones keep it)."""
+    if rec.get("error"):
+        return None
+    return rec.get("time_us_short") or rec.get("time_us")
+
+
+def pick_fractions(records: Iterable[dict], pick) -> dict:
+    """{(m, n, k): best time / time of `pick`'s schedule} over the recorded shapes, from short-pass times.
+
+    `pick(shape, recorded)` gets the shape and the set of schedules measured on it, and returns one of
+    them (so a picker is judged only where the data can judge it). A pick that failed counts as 0.
+    """
+    out = {}
+    for key, recs in by_shape(records).items():
+        times = {record_schedule(r): short_time_us(r) for r in recs}
+        ok = [t for t in times.values() if t]
+        if not ok:
+            continue
+        choice = pick(key, set(times))
+        t = times.get(choice)
+        out[key] = min(ok) / t if t else 0.0
+    return out
