@@ -1,12 +1,13 @@
 """The analytic heuristic: known-good picks on H200-class shapes, the model's terms, validity for any shape."""
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gemmc import EpilogueInput, EpilogueOp, GemmSpec, Ref, Schedule, ScheduleError, is_valid
-from gemmc.heuristic import choose_schedule, estimate, problem_dims, rank_schedules, usable_sms
+from gemmc.heuristic import choose_schedule, estimate, heuristic_space, problem_dims, rank_schedules, usable_sms
 from gemmc.schedule import enumerate_schedules
 
 
@@ -25,16 +26,34 @@ def test_large_squares_pick_cublas_class_tiles(size):
     assert s.cluster == ((2, 1) if s.tile[1] == 256 else (1, 2))
 
 
-@pytest.mark.parametrize("n, k", [(4096, 4096), (11008, 4096), (4096, 11008)])
-def test_decode_llama_shapes_pick_bm64_pingpong_split_k(n, k):
-    s = choose_schedule(spec(16, n, k), "sm_90a")
-    assert s.tile[0] == 64 and s.mode == "pingpong"
-    assert s.tile[1] in (64, 128) and s.tile[2] == 64
-    assert s.split_k > 1
-    assert s.cluster == (1, 1)  # one M tile: nothing worth multicasting
+DATA = sorted((Path(__file__).resolve().parent.parent / "bench" / "data").glob("*-h200-sweep*.jsonl.gz"))
 
 
-@pytest.mark.parametrize("m, n", [(1, 14336), (8, 14336), (32, 12288), (64, 14336)])
+def test_picks_reach_the_measured_best_on_the_h200_sweeps():
+    """Judged on the recorded sweeps (bench/data): the pick among the schedules measured on each shape,
+    against the fastest of them. The constants were fitted to these files (scripts/fit_heuristic.py);
+    a fit on half the shapes reached 0.970 on the other half."""
+    from gemmc.bench.dataset import load_dataset, pick_fractions
+    records = [r for p in DATA for r in load_dataset(p)[1]]
+
+    def pick(shape, recorded):
+        return next(s for _, s in rank_schedules(spec(*shape)) if s in recorded)
+
+    fr = pick_fractions(records, pick)
+    assert len(fr) == 100
+    geomean = math.exp(sum(map(math.log, fr.values())) / len(fr))
+    assert geomean >= 0.955
+    assert min(fr.values()) >= 0.75
+    assert sum(f >= 0.95 for f in fr.values()) >= 70
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 14336), (16, 4096, 14336), (1, 8192, 28672)])
+def test_decode_with_few_tiles_and_long_k_picks_split_k(m, n, k):
+    s = choose_schedule(spec(m, n, k), "sm_90a")     # measured: split-K 3..6 beats 1 by 10-35% here
+    assert s.tile[0] == 64 and s.mode == "pingpong" and s.split_k > 1
+
+
+@pytest.mark.parametrize("m, n", [(1, 14336), (8, 14336), (64, 14336)])
 def test_decode_fills_the_machine(m, n):
     s = choose_schedule(spec(m, n, 4096), "sm_90a")
     e = estimate(s, spec(m, n, 4096))
@@ -148,7 +167,7 @@ def test_ranking_is_sorted_deterministic_and_only_valid():
     r2 = rank_schedules(sp, "sm_90a")
     assert r1 == r2
     assert [s for _, s in r1] and all(is_valid(s, sp) for _, s in r1)
-    assert {s for _, s in r1} == set(enumerate_schedules(sp, "sm_90a"))
+    assert {s for _, s in r1} == set(enumerate_schedules(sp, "sm_90a", heuristic_space("sm_90a")))
     scores = [sc for sc, _ in r1]
     assert scores == sorted(scores, reverse=True)
     assert choose_schedule(sp) == r1[0][1]
