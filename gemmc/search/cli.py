@@ -80,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--folds", type=int, default=4, help="rl: shapes are split (by N, K) into this many folds")
     s.add_argument("--epochs", type=int, default=60, help="rl: training epochs over the training shapes")
     s.add_argument("--max-shapes", type=int, help="use a seeded sample of this many recorded shapes")
+    s.add_argument("--no-heuristic", action="store_true",
+                   help="bayes: start from a random space-filling design, not the heuristic's ranking")
     s.add_argument("--json", action="store_true")
 
     g = sub.add_parser("synth", help="write a synthetic dataset (analytic H200-like model) for development")
@@ -233,7 +235,7 @@ def cmd_simulate(args) -> int:
     progress = None if args.json else (lambda msg: print(f"  [{time.perf_counter() - t0:6.1f}s] {msg}",
                                                          file=sys.stderr))
     res = simulate(problems, args.strategy, args.budget, args.seeds, batch=args.batch, rl_folds=args.folds,
-                   rl_epochs=args.epochs, progress=progress)
+                   rl_epochs=args.epochs, progress=progress, heuristic=not args.no_heuristic)
     if args.json:
         print(json.dumps(res))
         return 0
