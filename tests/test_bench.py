@@ -675,3 +675,17 @@ def test_sweep_records_a_kernel_that_fails_to_load(tmp_path):
     footer, _, (header, recs) = _fake_sweep(tmp_path, [suites.Shape(64, 64, 64)], load_fail=(name,))
     errs = {Schedule.from_dict(r["schedule"]).short(): r["error"] for r in recs}
     assert errs[name] == "load: OSError: corrupt .so" and errs["128x64x64_c1x1_coop_sauto_rm_sw1_k1"] is None
+
+
+def test_describe_schedule_says_when_auto_dispatches_to_cublas():
+    from types import SimpleNamespace
+
+    from gemmc.bench.timing import describe_schedule
+    from gemmc.dispatch import Decision
+    from gemmc.schedule import Schedule
+    s = Schedule(tile=(64, 128, 64), mode="pingpong", split_k=2)
+    tuned = SimpleNamespace(schedule=s, decision=Decision(s, "db", use_cublas=False))
+    fallback = SimpleNamespace(schedule=s, decision=Decision(s, "db", use_cublas=True))
+    assert describe_schedule(tuned) == (s.short(), s.to_dict())
+    text, d = describe_schedule(fallback)
+    assert text == f"cuBLAS (tuned {s.short()})" and d["dispatch"] == "cublas" and d["split_k"] == 2
