@@ -25,11 +25,11 @@ per input element, split-K factor S, batch L, P the SM count (`num_sms`, default
 3. Epilogue of one unit: t_epi = BM*BN*(out bytes + full-input bytes)/(B_L2/P_base)
                                 + BM*BN*sum(op cost)/ALU + T_EPI     (op cost: 1 for + - * clamp relu cast,
                                 4 for /, 8 for sigmoid/silu/tanh/gelu_tanh, 12 for gelu_erf)
-   Split-K fix-up per unit (S > 1): t_fix = 2*BM*BN*4/(B_L2/P_base) + T_FIX (f32 partials + semaphore).
-4. Unit time: cooperative (and sm_80) runs the epilogue after the main loop: mainloop + t_epi + t_fix;
-   ping-pong overlaps one warpgroup's epilogue with the other's main loop: max(mainloop, t_epi + t_fix).
+   Under split-K (S > 1) a unit stores raw f32 partials instead: t_epi = BM*BN*4/(B_L2/P_base) + T_EPI.
+4. Unit time: cooperative (and sm_80) runs the epilogue after the main loop: mainloop + t_epi;
+   ping-pong overlaps one warpgroup's epilogue with the other's main loop: max(mainloop, t_epi).
    t_compute = waves * t_unit.
-5. DRAM: bytes = L*(A + B)*reload + L*M*N*(out + full inputs) where, when A and B overflow half the
+5. DRAM: bytes = L*(A + B)*reload + L*M*N*(out + full inputs, or 4*S under split-K) where, when A and B overflow half the
    L2, `reload` counts the A/B panels each wave touches under the raster order and swizzle (a wave of
    W CTAs covers about W/sw tiles along the raster dim and sw across it).
    Achieved bandwidth = B_DRAM * min(1, active_CTAs * per-CTA rate / B_DRAM) (active: CTAs with a real
@@ -37,7 +37,9 @@ per input element, split-K factor S, batch L, P the SM count (`num_sms`, default
    min(2*B_DRAM/P_base, bytes in flight / latency): a handful of CTAs cannot saturate HBM, which is
    what makes split-K pay off for decode shapes (M <= 64) whose few tiles leave SMs idle.
    t_dram = bytes / achieved bandwidth.
-6. time = max(t_compute, t_dram) + 0.1*min(t_compute, t_dram) + T_FILL;  score = 2*L*M*N*K / time.
+6. time = max(t_compute, t_dram) + 0.1*min(t_compute, t_dram) + T_FILL, plus under split-K the reduce
+   kernel that reads the partials and runs the epilogue: T_FIX + L*M*N*(4*S + out + full inputs)/B_DRAM.
+   score = 2*L*M*N*K / time.
 
 Symbolic dims take `m_hint` (else 4096), `n_hint`/`k_hint` (else 4096), batch 1. The constants are
 H100/H200-class (989 TFLOP/s bf16 dense, 4.8 TB/s HBM3e, 50 MB L2) and A100 for sm_80; they set
@@ -70,17 +72,16 @@ class MachineModel:
     t_iter: float              # fixed cost per k-block (barrier wait, MMA issue), s
     t_sync: float              # per extra CTA in a cluster, per k-block (multicast coupling), s
     t_epi: float               # fixed cost per tile epilogue (smem staging, store fences), s
-    t_fix: float               # split-K semaphore wait per unit, s
+    t_fix: float               # split-K: launch and tail of the reduce kernel, once per call, s
     t_fill: float              # pipeline fill + launch, once, s
 
 
 MACHINES = {
     # Latency and fixed costs fitted to the H200 sweeps in bench/data (scripts/fit_heuristic.py): the
-    # heuristic's pick reaches 0.961 of the exhaustive best (geomean over 100 shapes), up from 0.881.
-    # t_fix is large because split-K runs a second (reduce) kernel over f32 partials.
+    # heuristic's pick reaches 0.969 of the exhaustive best (geomean over 100 shapes), up from 0.881.
     "sm_90a": MachineModel(peak_flops=989e12, num_sms=132, dram_bw=4.8e12, l2_bw=23.5e12, l2_bytes=50 << 20,
-                           alu_per_sm=128 * 1.755e9, dram_latency=3.2e-6, t_iter=30e-9, t_sync=3.75e-9,
-                           t_epi=600e-9, t_fix=22.4e-6, t_fill=3e-6),
+                           alu_per_sm=128 * 1.755e9, dram_latency=3.2e-6, t_iter=29.4e-9, t_sync=3.75e-9,
+                           t_epi=600e-9, t_fix=5.6e-6, t_fill=3e-6),
     "sm_80": MachineModel(peak_flops=312e12, num_sms=108, dram_bw=2.0e12, l2_bw=5e12, l2_bytes=40 << 20,
                           alu_per_sm=64 * 1.41e9, dram_latency=700e-9, t_iter=20e-9, t_sync=0.0,
                           t_epi=300e-9, t_fix=1e-6, t_fill=3e-6),
@@ -175,10 +176,11 @@ def estimate(s: Schedule, spec: GemmSpec, num_sms: int | None = None, m_hint: in
 
     # 3. epilogue (+ split-K fix-up) of one unit
     full_bytes = sum(i.dtype.bytes for i in spec.inputs if i.kind == "full")
-    t_epi = (bm * bn * (spec.out_dtype.bytes + full_bytes) / per_sm_l2
-             + bm * bn * _epilogue_cost(spec) / mach.alu_per_sm + mach.t_epi)
-    if s.split_k > 1:
-        t_epi += 2 * bm * bn * 4 / per_sm_l2 + mach.t_fix
+    out_bytes = spec.out_dtype.bytes + full_bytes        # per output element, through the real epilogue
+    if s.split_k > 1:   # raw f32 partials; the reduce kernel runs the epilogue
+        t_epi = bm * bn * 4 / per_sm_l2 + mach.t_epi
+    else:
+        t_epi = bm * bn * out_bytes / per_sm_l2 + bm * bn * _epilogue_cost(spec) / mach.alu_per_sm + mach.t_epi
 
     # 4. unit time and compute time
     t_unit = max(mainloop, t_epi) if (sm90 and s.mode == "pingpong") else mainloop + t_epi
@@ -191,7 +193,7 @@ def estimate(s: Schedule, spec: GemmSpec, num_sms: int | None = None, m_hint: in
         ab = max(ab, ab_unique)
     else:
         ab = ab_unique
-    dram_bytes = L * (ab + M * N * (spec.out_dtype.bytes + full_bytes))
+    dram_bytes = L * (ab + M * N * (4 * s.split_k if s.split_k > 1 else out_bytes))
     in_flight = stages * ab_stage_bytes(s, spec) * (l2_bytes / ((bm + bn) * bk * e))
     per_cta_rate = min(2 * mach.dram_bw / mach.num_sms, in_flight / mach.dram_latency)
     active = min(L * tm * tn * s.split_k, p_c)  # CTAs padding the grid to whole clusters load nothing
@@ -200,6 +202,8 @@ def estimate(s: Schedule, spec: GemmSpec, num_sms: int | None = None, m_hint: in
 
     # 6. total
     time = max(t_compute, t_dram) + 0.1 * min(t_compute, t_dram) + mach.t_fill
+    if s.split_k > 1:   # then the reduce kernel: read S partials, write the output, once per launch
+        time += mach.t_fix + L * M * N * (4 * s.split_k + out_bytes) / mach.dram_bw
     flops = 2.0 * L * M * N * K
     return Estimate(time=time, tflops=flops / time / 1e12, units=units, waves=waves, wave_efficiency=wave_eff,
                     t_mainloop=mainloop, t_epilogue=t_epi, t_compute=t_compute, t_dram=t_dram,

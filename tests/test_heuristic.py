@@ -32,7 +32,7 @@ DATA = sorted((Path(__file__).resolve().parent.parent / "bench" / "data").glob("
 def test_picks_reach_the_measured_best_on_the_h200_sweeps():
     """Judged on the recorded sweeps (bench/data): the pick among the schedules measured on each shape,
     against the fastest of them. The constants were fitted to these files (scripts/fit_heuristic.py);
-    a fit on half the shapes reached 0.970 on the other half."""
+    a fit on half the shapes reached 0.960 on the other half."""
     from gemmc.bench.dataset import load_dataset, pick_fractions
     records = [r for p in DATA for r in load_dataset(p)[1]]
 
@@ -42,9 +42,9 @@ def test_picks_reach_the_measured_best_on_the_h200_sweeps():
     fr = pick_fractions(records, pick)
     assert len(fr) == 100
     geomean = math.exp(sum(map(math.log, fr.values())) / len(fr))
-    assert geomean >= 0.955
+    assert geomean >= 0.965
     assert min(fr.values()) >= 0.75
-    assert sum(f >= 0.95 for f in fr.values()) >= 70
+    assert sum(f >= 0.95 for f in fr.values()) >= 75
 
 
 @pytest.mark.parametrize("m, n, k", [(1, 4096, 14336), (16, 4096, 14336), (1, 8192, 28672)])
