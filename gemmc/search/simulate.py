@@ -121,8 +121,8 @@ def group_problems(records: Sequence, header: Optional[dict] = None) -> list[Rec
         if p is None:
             spec = GemmSpec(int(m), int(n), int(k), dtype=dtype, out_dtype=out, a_layout=al, b_layout=bl)
             p = probs[key] = RecordedProblem(key, spec, sched.arch)
-        # the short-pass time: every schedule has one, while the bench re-measures only its top few
-        # per shape with a colder cache (slower), which would penalize exactly the best schedules
+        # the short-pass time: every schedule has one; the bench re-measures only its top few per shape
+        # (per file) by another method (about 3% faster in the median), which would skew the comparison
         t = _field(r, "time_us_short", None) or _field(r, "time_us")
         err, cub = _field(r, "error"), _field(r, "cublas_us")
         if cub is not None:   # files of one shape measure cuBLAS apart: keep one reference per problem
