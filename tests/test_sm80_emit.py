@@ -17,7 +17,8 @@ from gemmc.compiler import lower
 from gemmc.errors import BuildError
 from gemmc.schedule import Schedule
 from gemmc.spec import EpilogueInput, EpilogueOp, GemmSpec, Ref
-from gemmc.types import DType
+
+from emit_support import LAYOUTS, compiled_ptx, specs_with_inputs, storage_shapes
 
 A, I, C, N = Ref.acc, Ref.input, Ref.const, Ref.node
 
@@ -36,33 +37,18 @@ def mma_count(plan) -> int:
 
 # ---- emit (no compile) ----------------------------------------------------------------------------
 
-LAYOUTS = [("mk", "nk"), ("km", "nk"), ("mk", "kn"), ("km", "kn")]
-
-
-@given(layout=st.sampled_from(LAYOUTS), batched=st.booleans(), dtype=st.sampled_from(["bf16", "f16"]),
-       kinds=st.lists(st.sampled_from(["row", "col", "full", "scalar"]), max_size=3),
-       split_k=st.sampled_from([1, 2, 4]))
-def test_params_follow_storage_shapes(layout, batched, dtype, kinds, split_k):
-    inputs = tuple(EpilogueInput(f"x{i}", kind, "f32" if i % 2 else "bf16") for i, kind in enumerate(kinds))
-    ops = tuple(EpilogueOp("add", (A() if i == 0 else N(i - 1), I(x.name))) for i, x in enumerate(inputs))
-    spec = GemmSpec(dtype=dtype, a_layout=layout[0], b_layout=layout[1], batch="L" if batched else None,
-                    inputs=inputs, epilogue=ops)
+@given(spec=specs_with_inputs(), split_k=st.sampled_from([1, 2, 4]))
+def test_params_follow_storage_shapes(spec, split_k):
     k = emit(plan_of(spec, split_k=split_k))
-    lead = ("L",) if batched else ()
-    want = [("a", lead + (("M", "K") if layout[0] == "mk" else ("K", "M"))),
-            ("b", lead + (("N", "K") if layout[1] == "nk" else ("K", "N"))),
-            ("out", lead + ("M", "N"))]
-    want += [(x.name, () if x.kind == "scalar" else lead + {"row": ("N",), "col": ("M",), "full": ("M", "N")}[x.kind])
-             for x in inputs]
     got = [(p.name, tuple(p.shape)) for p in k.params if p.kind != "workspace"]
-    assert got == want
+    assert got == storage_shapes(spec)
     assert [p.kind for p in k.params if p.name.startswith("x")] == ["scalar" if x.kind == "scalar" else "tensor"
-                                                                   for x in inputs]
+                                                                   for x in spec.inputs]
     ws = [p for p in k.params if p.kind == "workspace"]
     assert len(ws) == (split_k > 1)
     if ws:   # f32 partials: split_k x L x M x N
         elems = eval(ws[0].workspace_elems, {}, {"M": 100, "N": 24, "L": 3})
-        assert elems == split_k * (3 if batched else 1) * 100 * 24
+        assert elems == split_k * (3 if spec.batch else 1) * 100 * 24
         assert "splitk_reduce_kernel" in k.source
     # the host entry takes the params in order, then the stream
     sig = re.search(rf"def {k.entry}\((.*)\):", k.source).group(1)
@@ -166,12 +152,6 @@ def test_raster_covers_every_tile_once_in_groups(tiles_m, tiles_n, raster, group
 
 # ---- compile: PTX (two compiles in CI) -------------------------------------------------------------
 
-def _ptx(emitted):
-    from gemmc.build import compile_with_ptx
-    _, ptx = compile_with_ptx(emitted)
-    return ptx
-
-
 def _assert_ampere_ptx(ptx: str, plan, target: str):
     assert re.search(rf"^\.target {target}\b", ptx, re.M), f"PTX target is not {target}"
     assert ptx.count("mma.sync.aligned.m16n8k16") >= mma_count(plan)
@@ -207,7 +187,7 @@ def test_ptx_nn_f16_batched_epilogue_splitk_for_hopper():
                     epilogue=(EpilogueOp("mul", (A(), I("alpha"))), EpilogueOp("add", (N(0), I("bias"))),
                               EpilogueOp("gelu_tanh", (N(1),)), EpilogueOp("add", (N(2), I("res")))))
     plan = plan_of(spec, tile=(128, 128, 64), split_k=2)
-    ptx = _ptx(emit(plan, compile_arch="sm_90a"))
+    ptx = compiled_ptx(emit(plan, compile_arch="sm_90a"))
     _assert_ampere_ptx(ptx, plan, "sm_90a")
     assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
     assert "f16.f16.f32" in ptx or "f32.f16.f16.f32" in ptx       # mma.sync f16 inputs, f32 accumulate

@@ -20,6 +20,8 @@ from gemmc.schedule import Schedule
 from gemmc.spec import EpilogueInput, EpilogueOp, GemmSpec, Ref
 from gemmc.types import DType
 
+from emit_support import compiled_ptx, specs_with_inputs, storage_shapes
+
 A, I, C, N = Ref.acc, Ref.input, Ref.const, Ref.node
 
 
@@ -79,33 +81,18 @@ def test_source_is_split_into_role_blocks():
     compile(src, "<emitted>", "exec")   # valid Python
 
 
-LAYOUTS = [("mk", "nk"), ("km", "nk"), ("mk", "kn"), ("km", "kn")]
-
-
-@given(layout=st.sampled_from(LAYOUTS), batched=st.booleans(), dtype=st.sampled_from(["bf16", "f16"]),
-       kinds=st.lists(st.sampled_from(["row", "col", "full", "scalar"]), max_size=3),
-       split_k=st.sampled_from([1, 2, 4]))
-def test_params_follow_storage_shapes(layout, batched, dtype, kinds, split_k):
-    inputs = tuple(EpilogueInput(f"x{i}", kind, "f32" if i % 2 else "bf16") for i, kind in enumerate(kinds))
-    ops = tuple(EpilogueOp("add", (A() if i == 0 else N(i - 1), I(x.name))) for i, x in enumerate(inputs))
-    spec = GemmSpec(dtype=dtype, a_layout=layout[0], b_layout=layout[1], batch="L" if batched else None,
-                    inputs=inputs, epilogue=ops)
+@given(spec=specs_with_inputs(), split_k=st.sampled_from([1, 2, 4]))
+def test_params_follow_storage_shapes(spec, split_k):
     k = emit_any(plan_of(spec, split_k=split_k))
     assert k.arch == "sm_90a" and k.compile_arch == "sm_90a"
-    lead = ("L",) if batched else ()
-    want = [("a", lead + (("M", "K") if layout[0] == "mk" else ("K", "M"))),
-            ("b", lead + (("N", "K") if layout[1] == "nk" else ("K", "N"))),
-            ("out", lead + ("M", "N"))]
-    want += [(x.name, () if x.kind == "scalar" else lead + {"row": ("N",), "col": ("M",), "full": ("M", "N")}[x.kind])
-             for x in inputs]
-    assert [(p.name, tuple(p.shape)) for p in k.params if p.kind != "workspace"] == want
+    assert [(p.name, tuple(p.shape)) for p in k.params if p.kind != "workspace"] == storage_shapes(spec)
     ws = [p for p in k.params if p.kind == "workspace"]
     if split_k == 1:
         assert not ws
     else:
         assert len(ws) == 1 and ws[0].dtype == DType.f32 and ws[0] is k.params[-1]
         env = {"M": 7, "N": 16, "K": 64, "L": 3}
-        assert eval(ws[0].workspace_elems, {}, env) == split_k * (3 if batched else 1) * 7 * 16
+        assert eval(ws[0].workspace_elems, {}, env) == split_k * (3 if spec.batch else 1) * 7 * 16
     assert re.search(rf"def {k.entry}\(" + ", ".join(
         f"{p.name}: {'cutlass.Float32' if p.kind == 'scalar' else 'cute.Tensor'}" for p in k.params) + ", stream\\)",
         k.source)
@@ -213,14 +200,13 @@ COMPILES = {
 
 @pytest.fixture(scope="session")
 def ptx_of():
-    from gemmc import build
     cache = {}
 
     def get(name):
         if name not in cache:
             spec, sched = COMPILES[name]
             plan = plan_of(spec, **sched)
-            cache[name] = (plan, build.compile_with_ptx(emit(plan))[1])
+            cache[name] = (plan, compiled_ptx(emit(plan)))
         return cache[name]
     return get
 

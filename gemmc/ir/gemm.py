@@ -119,13 +119,21 @@ class ArgOp(IRDLOperation):
 
 # ---- the epilogue's elementwise ops --------------------------------------------------------
 
-class _ElementwiseOp(IRDLOperation):
-    """Base of the epilogue ops: f32 in, f32 out; printed `%r = gemm.<op> %x[, %y] <attrs>`."""
-    result = result_def(f32)
-    traits = traits_def(Pure())
+class _EpilogueOp(IRDLOperation):
+    """Base of the ops an epilogue region holds: each checks that it stands in one."""
 
     def verify_(self) -> None:
         verify_in_epilogue(self)
+
+
+class _EpilogueValueOp(_EpilogueOp):
+    """An epilogue op that computes one f32 value and has no side effects."""
+    result = result_def(f32)
+    traits = traits_def(Pure())
+
+
+class _ElementwiseOp(_EpilogueValueOp):
+    """Base of the elementwise ops: f32 in, f32 out; printed `%r = gemm.<op> %x[, %y] <attrs>`."""
 
     def print(self, printer: Printer) -> None:
         printer.print_string(" ")
@@ -159,8 +167,8 @@ class _BinaryOp(_ElementwiseOp):
 class _UnaryOp(_ElementwiseOp):
     input = operand_def(f32)
 
-    def __init__(self, input: SSAValue | Operation):
-        super().__init__(operands=[input], result_types=[f32])
+    def __init__(self, input: SSAValue | Operation, properties: dict | None = None):
+        super().__init__(operands=[input], result_types=[f32], properties=properties or {})
 
 
 @irdl_op_definition
@@ -214,19 +222,18 @@ class TanhOp(_UnaryOp):
 
 
 @irdl_op_definition
-class ClampOp(_ElementwiseOp):
+class ClampOp(_UnaryOp):
     """`%r = gemm.clamp %x min 0.0 max 6.0` (either bound may be left out)."""
     name = "gemm.clamp"
-    input = operand_def(f32)
     min = opt_prop_def(FloatData)
     max = opt_prop_def(FloatData)
 
     def __init__(self, input: SSAValue | Operation, min: float | None = None, max: float | None = None):
         props = {k: FloatData(float(v)) for k, v in (("min", min), ("max", max)) if v is not None}
-        super().__init__(operands=[input], result_types=[f32], properties=props)
+        super().__init__(input, props)
 
     def verify_(self) -> None:
-        verify_in_epilogue(self)
+        super().verify_()
         if self.min is None and self.max is None:
             raise VerifyException("gemm.clamp needs min, max or both")
         if self.min is not None and self.max is not None and self.min.data > self.max.data:
@@ -249,17 +256,16 @@ class ClampOp(_ElementwiseOp):
 
 
 @irdl_op_definition
-class CastOp(_ElementwiseOp):
+class CastOp(_UnaryOp):
     """`%r = gemm.cast %x to bf16`: rounds to `dtype` (the value stays f32 in the IR)."""
     name = "gemm.cast"
-    input = operand_def(f32)
     dtype = prop_def(StringAttr)
 
     def __init__(self, input: SSAValue | Operation, dtype: str | DType):
-        super().__init__(operands=[input], result_types=[f32], properties={"dtype": StringAttr(str(dtype))})
+        super().__init__(input, {"dtype": StringAttr(str(dtype))})
 
     def verify_(self) -> None:
-        verify_in_epilogue(self)
+        super().verify_()
         if self.dtype.data not in {d.value for d in OUTPUT_DTYPES}:
             raise VerifyException(f"gemm.cast to {self.dtype.data}: use bf16, f16 or f32")
 
@@ -273,18 +279,13 @@ class CastOp(_ElementwiseOp):
 
 
 @irdl_op_definition
-class ConstOp(IRDLOperation):
+class ConstOp(_EpilogueValueOp):
     """`%c = gemm.const 0.5`: a compile-time constant of the epilogue."""
     name = "gemm.const"
     value = prop_def(FloatData)
-    result = result_def(f32)
-    traits = traits_def(Pure())
 
     def __init__(self, value: float):
         super().__init__(properties={"value": FloatData(float(value))}, result_types=[f32])
-
-    def verify_(self) -> None:
-        verify_in_epilogue(self)
 
     def print(self, printer: Printer) -> None:
         printer.print_string(" ")
@@ -296,7 +297,7 @@ class ConstOp(IRDLOperation):
 
 
 @irdl_op_definition
-class YieldOp(IRDLOperation):
+class YieldOp(_EpilogueOp):
     """Ends the epilogue: the value stored to the output (converted to its dtype)."""
     name = "gemm.yield"
     value = operand_def(f32)
@@ -304,9 +305,6 @@ class YieldOp(IRDLOperation):
 
     def __init__(self, value: SSAValue | Operation):
         super().__init__(operands=[value])
-
-    def verify_(self) -> None:
-        verify_in_epilogue(self)
 
     def print(self, printer: Printer) -> None:
         printer.print_string(" ")
@@ -335,15 +333,30 @@ def verify_epilogue_region(region: Region, inputs, where: str) -> None:
     if not isinstance(block.last_op, YieldOp):
         raise VerifyException(f"{where}: the epilogue must end with gemm.yield")
     for op in block.ops:
-        if not isinstance(op, (_ElementwiseOp, ConstOp, YieldOp)):
+        if not isinstance(op, _EpilogueOp):
             raise VerifyException(f"{where}: {op.name} is not an elementwise epilogue op")
 
 
 # ---- the matmul ----------------------------------------------------------------------------
 
-class GemmSignature:
+class GemmSignature(IRDLOperation):
     """Operands, result and epilogue shared by gemm.matmul and kernel.gemm, and their syntax:
-    `@name(%a, %b) inputs(%x, ...) acc f32 -> !gemmc.tensor<...>`."""
+    `@name(%a, %b) inputs(%x, ...) acc f32 -> !gemmc.tensor<...>`, then the op's own header
+    (`print_header`, on indented continuation lines), then its one region."""
+    a = operand_def(TensorType)
+    b = operand_def(TensorType)
+    inputs = var_operand_def(TensorType)
+    out = result_def(TensorType)
+    kernel_name = prop_def(StringAttr)
+    acc_dtype = prop_def(StringAttr)
+
+    def __init__(self, name: str, a: SSAValue, b: SSAValue, inputs, out_type: TensorType, acc_dtype: str,
+                 region: Region, properties: dict):
+        """`properties` are the op's own, after the signature's; `region` is its one region."""
+        props = {"kernel_name": StringAttr(name), "acc_dtype": StringAttr(str(acc_dtype)), **properties}
+        super().__init__(operands=[a, b, list(inputs)], result_types=[out_type], properties=props,
+                         regions=[region])
+        self.out.name_hint = "out"
 
     def signature_verify(self, where: str) -> None:
         a, b, out = self.a.type, self.b.type, self.out.type
@@ -376,6 +389,17 @@ class GemmSignature:
     def epilogue_region(self) -> Region:
         return self.epilogue
 
+    def print(self, printer: Printer) -> None:
+        self.print_signature(printer)
+        with printer.indented(2):   # continuation lines keep the header readable
+            self.print_header(printer)
+        printer.print_string(" ")
+        printer.print_region(self.regions[0])
+
+    def print_header(self, printer: Printer) -> None:
+        """The op's own part, between the signature and its region; its `parse` reads it back."""
+        raise NotImplementedError
+
     def print_signature(self, printer: Printer) -> None:
         printer.print_string(" ")
         printer.print_symbol_name(self.kernel_name.data)
@@ -389,7 +413,8 @@ class GemmSignature:
         printer.print_attribute(self.out.type)
 
     @staticmethod
-    def parse_signature(parser: Parser) -> dict:
+    def parse_signature(parser: Parser) -> tuple:
+        """(name, a, b, inputs, out_type, acc_dtype): the leading arguments of the op's constructor."""
         name = parser.parse_symbol_name().data
         a, b = parser.parse_comma_separated_list(parser.Delimiter.PAREN, lambda: parse_defined_operand(parser))
         inputs = []
@@ -399,54 +424,36 @@ class GemmSignature:
         acc = parser.parse_identifier("accumulator dtype")
         parser.parse_punctuation("->")
         out = parser.parse_type()
-        return dict(name=name, a=a, b=b, inputs=inputs, acc_dtype=acc, out_type=out)
+        return name, a, b, inputs, out, acc
 
 
 @irdl_op_definition
-class MatmulOp(IRDLOperation, GemmSignature):
+class MatmulOp(GemmSignature):
     """out = epilogue(A x B): the one matmul of a gemmc kernel, with an optional schedule."""
     name = "gemm.matmul"
-
-    a = operand_def(TensorType)
-    b = operand_def(TensorType)
-    inputs = var_operand_def(TensorType)
-    out = result_def(TensorType)
-    kernel_name = prop_def(StringAttr)
-    acc_dtype = prop_def(StringAttr)
     schedule = opt_prop_def(ScheduleAttr)
     epilogue = region_def("single_block")
 
     def __init__(self, name: str, a: SSAValue, b: SSAValue, inputs, out_type: TensorType, acc_dtype: str,
                  epilogue: Region, schedule: ScheduleAttr | None = None):
-        props = {"kernel_name": StringAttr(name), "acc_dtype": StringAttr(str(acc_dtype))}
-        if schedule is not None:
-            props["schedule"] = schedule
-        super().__init__(operands=[a, b, list(inputs)], result_types=[out_type], properties=props,
-                         regions=[epilogue])
-        self.out.name_hint = "out"
+        super().__init__(name, a, b, inputs, out_type, acc_dtype, epilogue,
+                         {} if schedule is None else {"schedule": schedule})
 
     def verify_(self) -> None:
         self.signature_verify("gemm.matmul")
 
-    def print(self, printer: Printer) -> None:
-        self.print_signature(printer)
+    def print_header(self, printer: Printer) -> None:
         if self.schedule is not None:
-            with printer.indented(2):
-                printer.print_string("\nschedule ")
-                printer.print_attribute(self.schedule)
-        printer.print_string(" epilogue ")
-        printer.print_region(self.epilogue)
+            printer.print_string("\nschedule ")
+            printer.print_attribute(self.schedule)
+        printer.print_string(" epilogue")
 
     @classmethod
     def parse(cls, parser: Parser) -> "MatmulOp":
-        sig = cls.parse_signature(parser)
-        schedule = None
-        if parser.parse_optional_keyword("schedule"):
-            schedule = parser.parse_attribute()
+        signature = cls.parse_signature(parser)
+        schedule = parser.parse_attribute() if parser.parse_optional_keyword("schedule") else None
         parser.parse_keyword("epilogue")
-        region = parser.parse_region()
-        return cls(sig["name"], sig["a"], sig["b"], sig["inputs"], sig["out_type"], sig["acc_dtype"], region,
-                   schedule)
+        return cls(*signature, parser.parse_region(), schedule)
 
 
 def identity_epilogue(num_inputs: int) -> Region:

@@ -18,7 +18,8 @@
     }
   }
 
-Every fact op prints as `kernel.<op> <positional values> (<keyword> <value>)*`, from its FIELDS table.
+Every fact op prints as `kernel.<op> <positional values> (<keyword> <value>)*`, from its FIELDS table,
+which also declares its properties.
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from typing import ClassVar
 
 from xdsl.dialects.builtin import ArrayAttr, BoolAttr, IntAttr, IntegerAttr, StringAttr
 from xdsl.ir import Attribute, Block, Dialect, Region, SSAValue
-from xdsl.irdl import (IRDLOperation, irdl_op_definition, operand_def, opt_prop_def, prop_def, region_def,
-                       result_def, traits_def, lazy_traits_def, var_operand_def)
+from xdsl.irdl import (IRDLOperation, irdl_op_definition, lazy_traits_def, opt_prop_def, prop_def, region_def,
+                       traits_def)
 from xdsl.parser import Parser
 from xdsl.printer import Printer
 from xdsl.traits import HasParent, NoTerminator
@@ -55,6 +56,10 @@ def _to_attr(kind: str, value) -> Attribute:
     raise AssertionError(kind)
 
 
+# the attribute that holds a value of each field kind
+_KIND_ATTRS = {"int": IntAttr, "word": StringAttr, "shape": ArrayAttr, "words": ArrayAttr, "bool": IntegerAttr}
+
+
 def _from_attr(kind: str, attr: Attribute):
     if kind in ("int", "word"):
         return attr.data
@@ -67,10 +72,22 @@ def _from_attr(kind: str, attr: Attribute):
     raise AssertionError(kind)
 
 
+def _in_kernel():
+    return lazy_traits_def(lambda: (HasParent(KernelGemmOp),))
+
+
 class FactOp(IRDLOperation):
     """A kernel fact: properties listed in FIELDS as (name, keyword or None if positional, kind, default).
     Fields with a default are left out of the text when they hold it."""
     FIELDS: ClassVar[tuple] = ()
+    traits = _in_kernel()
+
+    def __init_subclass__(cls, **kwargs):
+        # FIELDS is the one description of a fact: its properties are declared from it, before
+        # @irdl_op_definition reads the class
+        super().__init_subclass__(**kwargs)
+        for name, _kw, kind, _default in cls.__dict__.get("FIELDS", ()):
+            setattr(cls, name, prop_def(_KIND_ATTRS[kind]))
 
     @classmethod
     def make(cls, **values):
@@ -95,10 +112,7 @@ class FactOp(IRDLOperation):
 
     def verify_(self) -> None:
         for name, _kw, kind, _default in self.FIELDS:
-            attr = self.properties.get(name)
-            want = {"int": IntAttr, "word": StringAttr, "shape": ArrayAttr, "words": ArrayAttr,
-                    "bool": IntegerAttr}[kind]
-            if not isinstance(attr, want):
+            if not isinstance(self.properties.get(name), _KIND_ATTRS[kind]):
                 raise VerifyException(f"{self.name}: missing or malformed {name}")
         self.check()
 
@@ -153,19 +167,10 @@ class FactOp(IRDLOperation):
         return cls.make(**values)
 
 
-def _in_kernel():
-    return lazy_traits_def(lambda: (HasParent(KernelGemmOp),))
-
-
 @irdl_op_definition
 class WarpGroupOp(FactOp):
     """A warpgroup (4 warps) and its job. SM80 has no producer: all warps are `uniform`."""
     name = "kernel.warpgroup"
-    role = prop_def(StringAttr)
-    index = prop_def(IntAttr)
-    regs = prop_def(IntAttr)
-    warps = prop_def(IntAttr)
-    traits = _in_kernel()
     FIELDS: ClassVar[tuple] = (("role", None, "word", _REQUIRED), ("index", "index", "int", _REQUIRED),
               ("regs", "regs", "int", _REQUIRED), ("warps", "warps", "int", _REQUIRED))
     ROLES: ClassVar[tuple] = ("producer", "consumer", "epilogue", "uniform")
@@ -184,11 +189,6 @@ class WarpGroupOp(FactOp):
 class MmaOp(FactOp):
     """The tensor-core instruction, its shape (M x N x K) and how atoms tile the CTA tile."""
     name = "kernel.mma"
-    kind = prop_def(StringAttr)
-    inst = prop_def(ArrayAttr)
-    atoms = prop_def(ArrayAttr)
-    a_source = prop_def(StringAttr)
-    traits = _in_kernel()
     FIELDS: ClassVar[tuple] = (("kind", None, "word", _REQUIRED), ("inst", "inst", "shape", _REQUIRED),
               ("atoms", "atoms", "shape", _REQUIRED), ("a_source", "a_from", "word", "smem"))
 
@@ -211,8 +211,6 @@ class MmaOp(FactOp):
 class ClusterOp(FactOp):
     """CTAs per cluster (M x N)."""
     name = "kernel.cluster"
-    shape = prop_def(ArrayAttr)
-    traits = _in_kernel()
     FIELDS: ClassVar[tuple] = (("shape", None, "shape", _REQUIRED),)
 
     def check(self) -> None:
@@ -224,14 +222,6 @@ class ClusterOp(FactOp):
 class CopyOp(FactOp):
     """How one operand moves between global and shared memory (or registers)."""
     name = "kernel.copy"
-    operand = prop_def(StringAttr)
-    kind = prop_def(StringAttr)
-    box = prop_def(ArrayAttr)
-    swizzle_bytes = prop_def(IntAttr)
-    multicast = prop_def(IntAttr)
-    multicast_along = prop_def(StringAttr)
-    vector_bytes = prop_def(IntAttr)
-    traits = _in_kernel()
     FIELDS: ClassVar[tuple] = (("operand", None, "word", _REQUIRED), ("kind", None, "word", _REQUIRED),
               ("box", "box", "shape", _REQUIRED), ("swizzle_bytes", "swizzle", "int", _REQUIRED),
               ("multicast", "multicast", "int", 1), ("multicast_along", "along", "word", ""),
@@ -253,12 +243,6 @@ class CopyOp(FactOp):
 class PipelineOp(FactOp):
     """The A/B shared-memory ring, its barriers, and the epilogue's staging buffers."""
     name = "kernel.pipeline"
-    stages = prop_def(IntAttr)
-    barriers = prop_def(ArrayAttr)
-    epi_stages = prop_def(IntAttr)
-    epi_tile = prop_def(ArrayAttr)
-    smem_bytes = prop_def(IntAttr)
-    traits = _in_kernel()
     FIELDS: ClassVar[tuple] = (("stages", "stages", "int", _REQUIRED), ("barriers", "barriers", "words", _REQUIRED),
               ("epi_stages", "epi_stages", "int", _REQUIRED), ("epi_tile", "epi_tile", "shape", _REQUIRED),
               ("smem_bytes", "smem", "int", _REQUIRED))
@@ -276,12 +260,6 @@ class PipelineOp(FactOp):
 class TileSchedulerOp(FactOp):
     """Which CTA computes which output tile: persistence, raster order, swizzle, split-K."""
     name = "kernel.tile_scheduler"
-    persistent = prop_def(IntegerAttr)
-    raster = prop_def(StringAttr)
-    swizzle = prop_def(IntAttr)
-    split_k = prop_def(IntAttr)
-    split_k_mode = prop_def(StringAttr)
-    traits = _in_kernel()
     FIELDS: ClassVar[tuple] = (("persistent", "persistent", "bool", _REQUIRED), ("raster", "raster", "word", _REQUIRED),
               ("swizzle", "swizzle", "int", _REQUIRED), ("split_k", "split_k", "int", _REQUIRED),
               ("split_k_mode", "split_k_mode", "word", _REQUIRED))
@@ -327,16 +305,9 @@ SINGLETONS = (MmaOp, ClusterOp, PipelineOp, TileSchedulerOp, EpilogueOp)
 
 
 @irdl_op_definition
-class KernelGemmOp(IRDLOperation, GemmSignature):
+class KernelGemmOp(GemmSignature):
     """One CTA-level GEMM kernel: the problem (operands), the tile, and a body of kernel facts."""
     name = "kernel.gemm"
-
-    a = operand_def(TensorType)
-    b = operand_def(TensorType)
-    inputs = var_operand_def(TensorType)
-    out = result_def(TensorType)
-    kernel_name = prop_def(StringAttr)
-    acc_dtype = prop_def(StringAttr)
     arch = prop_def(StringAttr)
     tile = prop_def(ArrayAttr)
     mode = prop_def(StringAttr)
@@ -349,12 +320,9 @@ class KernelGemmOp(IRDLOperation, GemmSignature):
 
     def __init__(self, name: str, a: SSAValue, b: SSAValue, inputs, out_type: TensorType, acc_dtype: str,
                  arch: str, tile, mode: str, threads: int, schedule: ScheduleAttr, body: Region | None = None):
-        props = {"kernel_name": StringAttr(name), "acc_dtype": StringAttr(str(acc_dtype)),
-                 "arch": StringAttr(arch), "tile": ints_attr(tile), "mode": StringAttr(mode),
+        props = {"arch": StringAttr(arch), "tile": ints_attr(tile), "mode": StringAttr(mode),
                  "threads": IntAttr(threads), "schedule": schedule}
-        super().__init__(operands=[a, b, list(inputs)], result_types=[out_type], properties=props,
-                         regions=[body or Region(Block())])
-        self.out.name_hint = "out"
+        super().__init__(name, a, b, inputs, out_type, acc_dtype, body or Region(Block()), props)
 
     # -- facts --------------------------------------------------------------------------
     def ops_of(self, cls) -> list:
@@ -413,19 +381,15 @@ class KernelGemmOp(IRDLOperation, GemmSignature):
                 raise VerifyException(f"kernel.copy: unknown operand {copy.get('operand')!r}; "
                                       f"use one of {sorted(names)}")
 
-    def print(self, printer: Printer) -> None:
-        self.print_signature(printer)
-        with printer.indented(2):   # continuation lines keep the header readable
-            printer.print_string(f"\narch {self.arch.data} tile ")
-            print_shape(printer, ints_value(self.tile))
-            printer.print_string(f" mode {self.mode.data} threads {self.threads.data}\nschedule ")
-            printer.print_attribute(self.schedule)
-        printer.print_string(" ")
-        printer.print_region(self.body)
+    def print_header(self, printer: Printer) -> None:
+        printer.print_string(f"\narch {self.arch.data} tile ")
+        print_shape(printer, ints_value(self.tile))
+        printer.print_string(f" mode {self.mode.data} threads {self.threads.data}\nschedule ")
+        printer.print_attribute(self.schedule)
 
     @classmethod
     def parse(cls, parser: Parser) -> "KernelGemmOp":
-        sig = cls.parse_signature(parser)
+        signature = cls.parse_signature(parser)
         parser.parse_keyword("arch")
         arch = parse_word(parser, "arch")
         parser.parse_keyword("tile")
@@ -436,9 +400,7 @@ class KernelGemmOp(IRDLOperation, GemmSignature):
         threads = parser.parse_integer(allow_boolean=False)
         parser.parse_keyword("schedule")
         schedule = parser.parse_attribute()
-        body = parser.parse_region()
-        return cls(sig["name"], sig["a"], sig["b"], sig["inputs"], sig["out_type"], sig["acc_dtype"], arch, tile,
-                   mode, threads, schedule, body)
+        return cls(*signature, arch, tile, mode, threads, schedule, parser.parse_region())
 
 
 Kernel = Dialect("kernel", [KernelGemmOp, WarpGroupOp, MmaOp, ClusterOp, CopyOp, PipelineOp, TileSchedulerOp,
