@@ -122,6 +122,7 @@ class _TensorCheck:
 
 
 _WORKSPACE_STREAMS_KEPT = 4
+_WORKSPACE_VIEWS_KEPT = 256
 
 
 class WorkspacePool:
@@ -139,13 +140,23 @@ class WorkspacePool:
     def __init__(self):
         self.buffers: dict[tuple, Any] = {}       # (device, stream, dtype) -> newest buffer
         self.outgrown: dict[tuple, list] = {}     # same key -> smaller buffers a graph may still use
+        self._views: dict[tuple, Any] = {}        # (key, elems) -> view of the newest buffer (slicing costs ~1 us)
 
     def get(self, dtype: DType, elems: int, device):
-        import torch
         key = (device, _current_raw_stream(device), dtype)
+        view = self._views.get((key, elems))
+        if view is not None:
+            return view
         buf = self.buffers.get(key)
         if buf is not None and buf.numel() >= elems:
-            return buf[:elems]
+            if len(self._views) >= _WORKSPACE_VIEWS_KEPT:     # a serving loop sees a new M per call
+                self._views.clear()
+            view = self._views[(key, elems)] = buf[:elems]
+            return view
+        return self._grow(key, dtype, elems, device, buf)
+
+    def _grow(self, key, dtype: DType, elems: int, device, buf):
+        import torch
         tdtype = {DType.f32: torch.float32, DType.f16: torch.float16, DType.bf16: torch.bfloat16}[dtype]
         size = max(elems, 1, 2 * buf.numel() if buf is not None else 0)
         new = torch.zeros(size, dtype=tdtype, device=device)
@@ -160,7 +171,9 @@ class WorkspacePool:
                 del self.buffers[k]
                 self.outgrown.pop(k, None)
         self.buffers[key] = new
-        return new[:elems]
+        self._views = {vk: v for vk, v in self._views.items() if vk[0] in self.buffers and vk[0] != key}
+        view = self._views[(key, elems)] = new[:elems]
+        return view
 
     def nbytes(self) -> int:
         bufs = list(self.buffers.values()) + [b for v in self.outgrown.values() for b in v]

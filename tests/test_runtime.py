@@ -402,3 +402,15 @@ def test_workspace_pool_is_shared_by_launchers_and_grows_geometrically(monkeypat
     assert w3.shape == (150,) and pool.buffers[(dev, 7, DType.f32)].numel() == 200
     assert pool.nbytes() == (200 + 100) * 4
     assert k1.workspace(4, 120, dev).data_ptr() == w3.data_ptr()
+
+def test_workspace_pool_reuses_views_and_bounds_them(monkeypatch):
+    import gemmc.runtime as rt
+    pool = rt.WorkspacePool()
+    monkeypatch.setattr(rt, "_current_raw_stream", lambda device: 7)
+    monkeypatch.setattr(rt, "_WORKSPACE_VIEWS_KEPT", 4)
+    dev = torch.device("cpu")
+    first = pool.get(DType.f32, 1000, dev)
+    assert pool.get(DType.f32, 1000, dev) is first            # the hot path returns the cached view
+    for elems in range(10, 20):                                # a new size per call (a serving loop's M)
+        assert pool.get(DType.f32, elems, dev).shape == (elems,)
+    assert len(pool._views) <= 4
