@@ -233,7 +233,8 @@ def test_host_overhead(toy):
         Path(report).mkdir(parents=True, exist_ok=True)
         (Path(report) / "host_overhead.json").write_text(json.dumps(res, indent=1))
     assert res["launcher_overhead_over_raw"] < 10.0
-    assert res["gemmc_call_alloc"] < 25.0
+    # allocating the output costs what torch's own allocating call costs (hosts differ: 12-19 us for torch.mm)
+    assert res["gemmc_call_alloc"] < res["torch_mm_eager"] + 5.0
 
 
 def test_gemm_end_to_end_through_the_runtime():
