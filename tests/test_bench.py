@@ -689,3 +689,22 @@ def test_describe_schedule_says_when_auto_dispatches_to_cublas():
     assert describe_schedule(tuned) == (s.short(), s.to_dict())
     text, d = describe_schedule(fallback)
     assert text == f"cuBLAS (tuned {s.short()})" and d["dispatch"] == "cublas" and d["split_k"] == 2
+
+
+def test_aa_check_times_cublas_against_itself_and_reports_the_noise_floor():
+    from gemmc.bench.report import make_report
+    cfg = timing.TimingConfig(repeats=4, warmup=1, min_unit_us=100, aa_check=True)
+    results, made, cublas, clock, log = _cpu_bench(lambda c, log, s: FakeKernel(c, 10.0, "gemmc", log), cfg=cfg)
+    r = results[0]
+    assert r["aa_ratio"] == pytest.approx(1.0) and r["ratio"] == pytest.approx(1.2)
+    assert r["cublas_aa_us"]["n"] == 4
+    # interleaved: every repeat runs the three sides, in alternating order
+    timed = [name for name in log if name in ("gemmc", "cublas")]
+    assert timed.count("cublas") > 2 * timed.count("gemmc") - 4
+    rep = make_report(results, suite="test", policy="heuristic", dtype="bf16", arch="sm_90a", cfg=cfg,
+                      environment={})
+    assert rep["aa_summary"]["geomean"] == pytest.approx(1.0) and rep["aa_summary"]["n_ok"] == 2
+    assert "A/A (cuBLAS vs itself" in rep["summary_line"] and "A/A check" in rep["method"]["text"]
+    plain = make_report(_cpu_bench(lambda c, log, s: FakeKernel(c, 10.0, "gemmc", log))[0], suite="t",
+                        policy="heuristic", dtype="bf16", arch="sm_90a", cfg=timing.TimingConfig(), environment={})
+    assert "aa_summary" not in plain and "A/A" not in plain["summary_line"]

@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a timed unit (one graph) runs at least this long (default 1000 us)")
     p.add_argument("--max-launches", type=int, default=200, help="launches per timed unit at most (default 200)")
     p.add_argument("--l2-factor", type=float, default=2.0, help="rotate inputs through this x L2 (default 2)")
+    p.add_argument("--aa-check", action="store_true",
+                   help="also time cuBLAS against itself per shape (a third interleaved side) and report the "
+                        "A/A ratio: the noise floor of this GPU and method")
     p.add_argument("--host-timing", action="store_true",
                    help="time eager user calls with host overhead included (no CUDA graphs)")
     p.add_argument("--compile-workers", type=int, default=max(1, (os.cpu_count() or 2) - 1),
@@ -114,7 +117,7 @@ def run(args) -> int:
 
     cfg = TimingConfig(repeats=args.repeats, warmup=args.warmup, min_unit_us=args.min_unit_us,
                        max_launches=args.max_launches, l2_factor=args.l2_factor, host_timing=args.host_timing,
-                       seed=args.seed)
+                       seed=args.seed, aa_check=args.aa_check)
     env = collect_environment()
     from .report import nvidia_smi
     results = run_bench(shapes, policy, cfg, dtype=args.dtype, arch=args.arch, progress=not args.quiet,

@@ -94,6 +94,9 @@ def method_of(cfg) -> dict:
             f"and IQR/min/max per call. Every gemmc result is checked before timing: output NaN-filled, relative "
             f"Frobenius error vs an fp32 product of the upcast inputs < {cfg.tolerance:g}; a failing shape is "
             "reported, not timed. ratio = cuBLAS time / gemmc time (> 1: gemmc faster).")
+    if getattr(cfg, "aa_check", False):
+        text += (" A/A check: a third side runs the same cuBLAS call into gemmc's output slots; aa_ratio = "
+                 "cuBLAS time / that time, which differs from 1 by noise alone.")
     return {"timing": "host" if cfg.host_timing else "cuda-graphs", "config": cfg.as_dict(), "text": text}
 
 
@@ -105,12 +108,25 @@ def summarize_results(results: Sequence[dict]) -> RatioSummary:
     return ratio_summary(ratios, failed)
 
 
+def aa_summary(results: Sequence[dict]) -> Optional[RatioSummary]:
+    """cuBLAS against itself over the shapes timed with `--aa-check`: how far from 1.0 noise alone reads."""
+    ratios = [r["aa_ratio"] for r in results if r.get("status") == "ok" and r.get("aa_ratio") is not None]
+    return ratio_summary(ratios) if ratios else None
+
+
 def make_report(results: Sequence[dict], *, suite: str, policy: str, dtype: str, arch: str, cfg,
                 environment: Optional[dict] = None) -> dict:
     summary = summarize_results(results)
-    return {"format": FORMAT, "suite": suite, "policy": policy, "dtype": dtype, "arch": arch,
-            "method": method_of(cfg), "environment": environment or collect_environment(),
-            "summary": summary.as_dict(), "summary_line": summary.line(), "results": list(results)}
+    line = summary.line()
+    report = {"format": FORMAT, "suite": suite, "policy": policy, "dtype": dtype, "arch": arch,
+              "method": method_of(cfg), "environment": environment or collect_environment(),
+              "summary": summary.as_dict(), "summary_line": line, "results": list(results)}
+    aa = aa_summary(results)
+    if aa is not None:
+        report["aa_summary"] = aa.as_dict()
+        report["summary_line"] = (f"{line}; A/A (cuBLAS vs itself, the noise floor): geomean {aa.geomean:.3f}x, "
+                                  f"range {aa.min:.3f}x-{aa.max:.3f}x")
+    return report
 
 
 def _json_safe(x):

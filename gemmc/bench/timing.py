@@ -46,6 +46,7 @@ class TimingConfig:
     host_timing: bool = False  # eager user-style calls (host overhead included), no graphs
     tolerance: float = 1e-2    # relative Frobenius error against the fp32 reference
     seed: int = 0
+    aa_check: bool = False     # also time cuBLAS against itself (a third interleaved side): the noise floor
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -268,14 +269,18 @@ def bench_shape(shape: Shape, kernel: Kernel, sets: InputSets, clock: Clock, cfg
         "gemmc": clock.prepare(unit_calls(kernel, sets, sets.out_gemmc, launches, cfg.host_timing)),
         "cublas": clock.prepare(unit_calls(cublas, sets, sets.out_cublas, launches, cfg.host_timing)),
     }
+    if cfg.aa_check:    # the same cuBLAS call, writing where gemmc writes: what "no difference" reads as
+        units["cublas_aa"] = clock.prepare(unit_calls(cublas, sets, sets.out_gemmc, launches, cfg.host_timing))
     ms = time_interleaved(units, clock, cfg.repeats, cfg.warmup)
     rec["launches"] = launches
-    for side in ("gemmc", "cublas"):
+    for side in units:
         us = [1000 * t / launches for t in ms[side]]
         rec[f"{side}_samples_us"] = us
         rec[f"{side}_us"] = summarize(us).as_dict()
         rec[f"{side}_tflops"] = tflops(shape.flops, rec[f"{side}_us"]["median"])
     rec["ratio"] = rec["cublas_us"]["median"] / rec["gemmc_us"]["median"]
+    if cfg.aa_check:
+        rec["aa_ratio"] = rec["cublas_us"]["median"] / rec["cublas_aa_us"]["median"]
     return rec
 
 
