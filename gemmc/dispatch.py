@@ -1,10 +1,12 @@
 """`schedule="auto"`: which schedule a problem runs with, and whether cuBLAS should run it instead.
 
-Order: 1. the tuning DB's best for this exact problem; 2. a tuned neighbour (same N, K, dtypes,
-layouts, epilogue; M within 2x) or else the trained policy, or else a farther neighbour; 3. the
-analytic heuristic. A plain GEMM goes to torch.matmul when the DB measured cuBLAS faster on this
-exact problem; a fused epilogue never does (cuBLAS would need extra passes to match it).
-`resolve_auto` reads the DB and never writes it: it is a function of (spec, arch, db contents).
+Order: 1. the tuning DB's best for this exact problem; 2. the table shipped for this GPU
+(gemmc/pretuned.py) for this exact shape; 3. a tuned neighbour (same N, K, dtypes, layouts, epilogue; M
+within 2x) or else the trained policy, or else a farther neighbour; 4. the shipped table's neighbour
+(same N, K, M within 2x); 5. the analytic heuristic. A plain GEMM goes to torch.matmul when cuBLAS was
+measured faster on this exact problem (the DB's or the table's); a fused epilogue never does (cuBLAS
+would need extra passes to match it). `resolve_auto` reads the DB and never writes it: it is a function
+of (spec, arch, db contents, shipped tables); `pretuned=False` (or GEMMC_PRETUNED=0) leaves the tables out.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ FAR_LOG2 = 3.0       # beyond this log2 distance over (M, N, K) a neighbour is n
 @dataclass(frozen=True)
 class Decision:
     schedule: Schedule
-    source: str               # "db" | "policy" | "nearest" | "heuristic"
+    source: str               # "db" | "pretuned" | "policy" | "nearest" | "heuristic"
     use_cublas: bool = False
     detail: str = ""
 
@@ -92,14 +94,35 @@ def heuristic_schedule(spec: GemmSpec, arch: str) -> Schedule:
     return feasible[0] if feasible else s
 
 
+def _pretuned(spec: GemmSpec, arch: str, gpu_name: Optional[str], enabled: bool):
+    """(entry, exact) from the shipped table of this GPU, when its schedule is valid for `spec`."""
+    if not enabled:
+        return None
+    from .pretuned import table_for
+    table = table_for(arch, gpu_name)
+    hit = table.lookup(spec) if table is not None else None
+    if hit is None or not is_valid(hit[0].schedule, spec):
+        return None
+    return hit[0], hit[1], table.gpu
+
+
+def _pretuned_decision(hit, spec: GemmSpec) -> Decision:
+    e, exact, gpu = hit
+    if exact:
+        return Decision(e.schedule, "pretuned", use_cublas=e.cublas_faster and not spec.has_epilogue,
+                        detail=f"{e.time_us:.2f} us vs cuBLAS {e.cublas_us:.2f} us (shipped table, {gpu})")
+    return Decision(e.schedule, "pretuned", detail=f"shipped table, {gpu}: measured {e.m}x{e.n}x{e.k}")
+
+
 def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, db=None,
-                 gpu_name: Optional[str] = None) -> Decision:
+                 gpu_name: Optional[str] = None, pretuned: bool = True) -> Decision:
     """The schedule for `spec` (M may be symbolic: pass the runtime `m`); see the module docstring.
 
     `db`: a TuningDB, a path, or None for the default location (a missing file means no tuning)."""
     arch = as_arch(arch)
     conc = _concrete(spec, m)
     tdb, owned = _open_db(db) if conc is not None else (None, False)
+    shipped = _pretuned(conc, arch, gpu_name, pretuned) if conc is not None else None
     try:
         if tdb is not None:
             exact = tdb.best(conc, arch, gpu_name)
@@ -110,6 +133,9 @@ def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, 
                                 detail=f"{exact.time_us:.2f} us vs cuBLAS "
                                        f"{exact.cublas_us if exact.cublas_us is not None else float('nan'):.2f} us "
                                        f"({exact.n_measured} measured, {exact.gpu_name})")
+        if shipped is not None and shipped[1]:
+            return _pretuned_decision(shipped, conc)
+        if tdb is not None:
             near = [(d, e) for d, e in _neighbours(tdb, conc, arch, gpu_name) if is_valid(e.schedule, conc)]
             close = [(d, e) for d, e in near if d <= NEAR_LOG2 and e.fields["n"] == conc.n and e.fields["k"] == conc.k]
             if close:
@@ -125,6 +151,8 @@ def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, 
             if far:
                 d, e = far[0]
                 return Decision(e.schedule, "nearest", detail=f"tuned {e.fields['m']}x{e.fields['n']}x{e.fields['k']}")
+        if shipped is not None:
+            return _pretuned_decision(shipped, conc)
         return Decision(heuristic_schedule(conc or spec, arch), "heuristic")
     finally:
         if owned and tdb is not None:

@@ -18,6 +18,14 @@ def _cands(spec):
     return SearchProblem.of(spec).candidates
 
 
+@pytest.fixture(autouse=True, scope="module")
+def no_shipped_tables():
+    """These tests pin the tuning-DB order; the shipped tables have their own (tests/test_pretuned.py)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GEMMC_PRETUNED", "0")
+        yield
+
+
 @pytest.fixture
 def db(tmp_path):
     return TuningDB(tmp_path / "t.sqlite")

@@ -1,0 +1,125 @@
+"""Schedules measured on a known GPU and shipped with gemmc: what `schedule="auto"` uses before any
+tuning of one's own (gemmc/dispatch.py consults them after the user's tuning DB).
+
+A table (gemmc/pretuned_data/<gpu>.json) holds, per shape, the fastest schedule of a recorded sweep
+(bench/data) and the cuBLAS time measured beside it. It is built by `scripts/build_pretuned.py` and
+applies to the problem class it was measured on: bf16 in and out, f32 accumulation, A [M, K] and
+B [N, K] (`a @ b.T`), unbatched. A GEMM with a fused epilogue of that class takes the schedule too (the
+main loop is the same), but never the cuBLAS fallback: cuBLAS would need extra passes for the epilogue.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterable, Optional
+
+from .schedule import Schedule
+from .spec import GemmSpec
+from .types import as_arch
+
+FORMAT = "gemmc-pretuned/1"
+DATA_DIR = Path(__file__).resolve().parent / "pretuned_data"
+NEAR_LOG2_M = 1.0          # a tuned shape with the same N, K and M within 2x lends its schedule
+
+
+@dataclass(frozen=True)
+class PretunedEntry:
+    m: int
+    n: int
+    k: int
+    schedule: Schedule
+    time_us: float
+    cublas_us: float
+
+    @property
+    def cublas_faster(self) -> bool:
+        return self.cublas_us < self.time_us
+
+
+@dataclass(frozen=True)
+class PretunedTable:
+    gpu: str
+    arch: str
+    source: str
+    entries: dict            # (m, n, k) -> PretunedEntry
+
+    def covers(self, spec: GemmSpec) -> bool:
+        """Is `spec` of the problem class the table was measured on?"""
+        return (str(spec.dtype) == "bf16" and str(spec.out_dtype) == "bf16" and str(spec.acc_dtype) == "f32"
+                and spec.a_layout == "mk" and spec.b_layout == "nk" and spec.batch is None
+                and all(isinstance(d, int) for d in (spec.m, spec.n, spec.k)))
+
+    def lookup(self, spec: GemmSpec) -> Optional[tuple[PretunedEntry, bool]]:
+        """(entry, exact) for `spec`: the same shape, else the nearest M with the same N and K (within
+        2x); None when the class or the shape is not covered."""
+        if not self.covers(spec):
+            return None
+        exact = self.entries.get((spec.m, spec.n, spec.k))
+        if exact is not None:
+            return exact, True
+        near = [(abs(math.log2(e.m / spec.m)), e) for e in self.entries.values() if (e.n, e.k) == (spec.n, spec.k)]
+        near = [t for t in near if t[0] <= NEAR_LOG2_M]
+        if not near:
+            return None
+        return min(near, key=lambda t: (t[0], t[1].m))[1], False
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "gpu": self.gpu, "arch": self.arch, "source": self.source,
+                "entries": [{"m": e.m, "n": e.n, "k": e.k, "schedule": e.schedule.to_dict(),
+                             "time_us": e.time_us, "cublas_us": e.cublas_us}
+                            for _, e in sorted(self.entries.items())]}
+
+
+def table_from_json(obj: dict) -> PretunedTable:
+    if obj.get("format") != FORMAT:
+        raise ValueError(f"pretuned table format {obj.get('format')!r}, expected {FORMAT!r}")
+    entries = {}
+    for e in obj["entries"]:
+        entries[(e["m"], e["n"], e["k"])] = PretunedEntry(e["m"], e["n"], e["k"], Schedule.from_dict(e["schedule"]),
+                                                          float(e["time_us"]), float(e["cublas_us"]))
+    return PretunedTable(obj["gpu"], as_arch(obj["arch"]), obj.get("source", ""), entries)
+
+
+def build_table(records: Iterable[dict], gpu: str, arch: str, source: str) -> PretunedTable:
+    """Best schedule per shape from sweep records (gemmc.bench.dataset format). Only the careful
+    re-measurements (`refined`, timed interleaved with cuBLAS) compete, by their ratio to the cuBLAS
+    time beside them: records of two sweeps of one shape then compare fairly; a short-pass time does not."""
+    best: dict = {}
+    for r in records:
+        if r.get("error") or not r.get("refined") or r.get("time_us") is None or r.get("cublas_us") is None:
+            continue
+        key = (r["m"], r["n"], r["k"])
+        if key not in best or r["cublas_us"] / r["time_us"] > best[key].cublas_us / best[key].time_us:
+            best[key] = PretunedEntry(*key, Schedule.from_dict(r["schedule"]), float(r["time_us"]),
+                                      float(r["cublas_us"]))
+    return PretunedTable(gpu, as_arch(arch), source, best)
+
+
+@lru_cache(maxsize=None)
+def load_tables(data_dir: str = str(DATA_DIR)) -> tuple[PretunedTable, ...]:
+    return tuple(table_from_json(json.loads(p.read_text())) for p in sorted(Path(data_dir).glob("*.json")))
+
+
+def _visible_gpu() -> Optional[str]:
+    try:
+        import torch
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    except Exception:       # no torch CUDA runtime: nothing visible
+        return None
+
+
+def table_for(arch: str, gpu_name: Optional[str] = None) -> Optional[PretunedTable]:
+    """The table for this GPU: by name (`gpu_name`, else the visible GPU's); with no GPU visible (an
+    ahead-of-time build), the table of the arch. GEMMC_PRETUNED=0 turns the tables off."""
+    if os.environ.get("GEMMC_PRETUNED", "1") == "0":
+        return None
+    arch = as_arch(arch)
+    name = gpu_name or _visible_gpu()
+    for t in load_tables():
+        if t.arch == arch and (name is None or name == t.gpu):
+            return t
+    return None

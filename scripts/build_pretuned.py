@@ -1,0 +1,44 @@
+"""Build gemmc's shipped schedule table for one GPU from recorded sweeps (see gemmc/pretuned.py).
+
+    python3 scripts/build_pretuned.py bench/data/2026-11-30-h200-sweep*.jsonl.gz \
+        --gpu "NVIDIA H200" --out gemmc/pretuned_data/h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from gemmc.bench.dataset import load_dataset
+from gemmc.pretuned import build_table
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("data", nargs="+", help="sweep datasets (bench/data/*.jsonl.gz) of one GPU")
+    p.add_argument("--gpu", required=True, help="the GPU name as torch reports it, e.g. 'NVIDIA H200'")
+    p.add_argument("--arch", default="sm_90a")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    records = []
+    for path in args.data:
+        header, recs = load_dataset(path)
+        name = (header.get("device") or {}).get("name")
+        if name and name != args.gpu:
+            p.error(f"{path} was recorded on {name!r}, not {args.gpu!r}")
+        records += recs
+    source = ", ".join(sorted(Path(x).name for x in args.data))
+    table = build_table(records, args.gpu, args.arch, source)
+    obj = table.to_json()
+    entries = obj.pop("entries")
+    head = json.dumps(obj, indent=1)[:-2]       # one entry per line: a readable, diffable file
+    body = ",\n".join("  " + json.dumps(e, separators=(",", ":")) for e in entries)
+    Path(args.out).write_text(f'{head},\n "entries": [\n{body}\n ]\n}}\n')
+    faster = sum(not e.cublas_faster for e in table.entries.values())
+    print(f"{args.out}: {len(table.entries)} shapes; gemmc measured faster than cuBLAS on {faster}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

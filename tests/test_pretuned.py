@@ -1,0 +1,118 @@
+"""The schedule tables shipped with gemmc (gemmc/pretuned.py) and their place in schedule="auto"."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gemmc
+from gemmc.bench.dataset import load_dataset
+from gemmc.dispatch import resolve_auto
+from gemmc.pretuned import DATA_DIR, build_table, load_tables, table_for, table_from_json
+from gemmc.schedule import Schedule, is_valid
+from gemmc.search.db import TuningDB
+from gemmc.search.strategy import Measurement, SearchProblem
+from gemmc.spec import EpilogueInput, EpilogueOp, Ref
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = sorted((ROOT / "bench" / "data").glob("2026-11-30-h200-sweep*.jsonl.gz"))
+H200 = "NVIDIA H200"
+
+
+def h200():
+    t = table_for("sm_90a", H200)
+    assert t is not None
+    return t
+
+
+def test_the_h200_table_is_built_from_the_committed_sweeps(tmp_path):
+    """The shipped file is exactly what scripts/build_pretuned.py makes of bench/data."""
+    out = tmp_path / "h200.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_pretuned.py"), *map(str, DATA),
+                           "--gpu", H200, "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text()) == json.loads((DATA_DIR / "h200.json").read_text())
+    assert "100 shapes" in proc.stdout
+
+
+def test_each_entry_is_the_best_refined_ratio_of_its_shape():
+    records = [r for p in DATA for r in load_dataset(p)[1]]
+    t = h200()
+    assert len(t.entries) == 100
+    e = t.entries[(4096, 4096, 4096)]
+    refined = [r for r in records if (r["m"], r["n"], r["k"]) == (4096, 4096, 4096) and r.get("refined")]
+    best = max(refined, key=lambda r: r["cublas_us"] / r["time_us"])
+    assert e.schedule == Schedule.from_dict(best["schedule"]) and e.time_us == best["time_us"]
+    # short-pass records never compete: a table built from them alone is empty
+    assert not build_table([dict(r, refined=False) for r in records], H200, "sm_90a", "x").entries
+
+
+def test_lookup_exact_nearest_and_class():
+    t = h200()
+    e, exact = t.lookup(gemmc.GemmSpec(4096, 4096, 4096))
+    assert exact and (e.m, e.n, e.k) == (4096, 4096, 4096)
+    e, exact = t.lookup(gemmc.GemmSpec(3000, 4096, 4096))           # nearest M with the same N, K
+    assert not exact and (e.n, e.k) == (4096, 4096) and e.m == 4096
+    assert t.lookup(gemmc.GemmSpec(3000, 4096, 4104)) is None        # no shape with that N, K
+    assert t.lookup(gemmc.GemmSpec(4096, 4096, 4096, dtype="f16")) is None
+    assert t.lookup(gemmc.GemmSpec(4096, 4096, 4096, a_layout="km")) is None
+    assert t.lookup(gemmc.GemmSpec("M", 4096, 4096)) is None
+
+
+def test_tables_are_chosen_by_gpu_name_and_can_be_turned_off(monkeypatch):
+    assert table_for("sm_90a", "NVIDIA H100 80GB HBM3") is None
+    assert table_for("sm_80", H200) is None
+    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    assert table_for("sm_90a") is not None                          # no GPU visible: an AOT build, by arch
+    monkeypatch.setenv("GEMMC_PRETUNED", "0")
+    assert table_for("sm_90a", H200) is None
+
+
+def test_auto_uses_the_table_with_its_cublas_fallback(tmp_path):
+    t = h200()
+    lost = next(e for e in t.entries.values() if e.cublas_faster)
+    won = next(e for e in t.entries.values() if not e.cublas_faster)
+    empty = tmp_path / "none.sqlite"
+    for e in (lost, won):
+        d = resolve_auto(gemmc.GemmSpec(e.m, e.n, e.k), "sm_90a", db=empty, gpu_name=H200)
+        assert d.source == "pretuned" and d.schedule == e.schedule and d.use_cublas == e.cublas_faster
+    # a fused epilogue takes the schedule but never cuBLAS
+    epi = gemmc.GemmSpec(lost.m, lost.n, lost.k, inputs=(EpilogueInput("bias", "row"),),
+                         epilogue=(EpilogueOp("add", (Ref.acc(), Ref.input("bias"))),))
+    d = resolve_auto(epi, "sm_90a", db=empty, gpu_name=H200)
+    assert d.source == "pretuned" and not d.use_cublas and is_valid(d.schedule, epi)
+    # off, or another GPU: the heuristic
+    assert resolve_auto(gemmc.GemmSpec(won.m, won.n, won.k), "sm_90a", db=empty, gpu_name=H200,
+                        pretuned=False).source == "heuristic"
+    assert resolve_auto(gemmc.GemmSpec(won.m, won.n, won.k), "sm_90a", db=empty,
+                        gpu_name="NVIDIA A100").source == "heuristic"
+
+
+def test_ones_own_tuning_comes_first_and_the_table_before_neighbours(tmp_path):
+    spec = gemmc.GemmSpec(4096, 4096, 4096)
+    db = TuningDB(tmp_path / "t.sqlite")
+    mine = SearchProblem.of(spec).candidates[3]
+    db.record(spec, "sm_90a", Measurement(mine, 100.0, None, 200.0), H200)
+    d = resolve_auto(spec, "sm_90a", db=db, gpu_name=H200)
+    assert d.source == "db" and d.schedule == mine
+    # the table's measurement of this very shape (1024x4096x4096) beats a tuned neighbour (M 4096)...
+    assert (1024, 4096, 4096) in h200().entries
+    d = resolve_auto(gemmc.GemmSpec(1024, 4096, 4096), "sm_90a", db=db, gpu_name=H200)
+    assert d.source == "pretuned" and d.schedule == h200().entries[(1024, 4096, 4096)].schedule
+    # ...but one's own tuned neighbour beats the table's neighbour
+    d = resolve_auto(gemmc.GemmSpec(3000, 4096, 4096), "sm_90a", db=db, gpu_name=H200)
+    assert d.source == "nearest" and d.schedule == mine
+
+
+def test_every_shipped_schedule_is_valid_for_its_shape():
+    for t in load_tables():
+        assert t.entries
+        for (m, n, k), e in t.entries.items():
+            assert is_valid(e.schedule, gemmc.GemmSpec(m, n, k)), (m, n, k)
+        assert table_from_json(t.to_json()) == t
+
+
+def test_a_table_of_another_format_is_refused():
+    with pytest.raises(ValueError, match="format"):
+        table_from_json({"format": "other/9", "gpu": "x", "arch": "sm_90a", "entries": []})
