@@ -105,6 +105,10 @@ def run_compile(args) -> int:
     schedule = default_schedule(args.arch).with_(**knobs) if knobs else args.schedule
     k = compile(spec, schedule=schedule, arch=args.arch, emit="kernel" if args.emit == "source" else "ir")
     print(f"// schedule: {k.schedule.short()} ({k.arch})")
+    if k.decision is not None:      # schedule="auto": which step chose, and whether cuBLAS runs instead
+        d = k.decision
+        print(f"// auto: from {d.source}" + (f" ({d.detail})" if d.detail else "")
+              + ("; calls run torch.matmul (cuBLAS measured faster on this problem)" if d.use_cublas else ""))
     wanted = list(args.print_ir_after)
     for name in wanted:
         if name != "input" and name not in k.passes:

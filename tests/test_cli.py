@@ -114,3 +114,17 @@ def test_python_dash_m_gemmc():
                            "--tile", "128x128x64"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "kernel.gemm @gemm" in proc.stdout
+
+
+def test_compile_auto_says_which_step_chose_and_when_cublas_runs(capsys, monkeypatch, tmp_path):
+    from gemmc.pretuned import table_for
+    monkeypatch.setenv("GEMMC_TUNING_DB", str(tmp_path / "none.sqlite"))
+    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)      # an AOT build: the sm_90a table
+    lost = next(e for e in table_for("sm_90a").entries.values() if e.cublas_faster)
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", str(lost.m), "--n", str(lost.n), "--k", str(lost.k))
+    assert rc == 0
+    assert out.splitlines()[0] == f"// schedule: {lost.schedule.short()} (sm_90a)"
+    assert out.splitlines()[1].startswith("// auto: from pretuned (")
+    assert "calls run torch.matmul (cuBLAS measured faster" in out.splitlines()[1]
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "4096", "--n", "4096", "--k", "4104")    # not in the table
+    assert rc == 0 and out.splitlines()[1] == "// auto: from heuristic"
