@@ -94,6 +94,18 @@ def _banner(what: str) -> str:
     return f"// -----// IR {what} //----- //"
 
 
+def _bucket_runs(table):
+    """[(first M, last M, Decision)] merging neighbouring buckets that make the same choice."""
+    runs, lo = [], 1
+    for b, d in table:
+        if runs and (runs[-1][2].schedule, runs[-1][2].use_cublas) == (d.schedule, d.use_cublas):
+            runs[-1] = (runs[-1][0], b, runs[-1][2])
+        else:
+            runs.append((lo, b, d))
+        lo = b + 1
+    return runs
+
+
 def run_compile(args) -> int:
     from .compiler import compile
     from .schedule import default_schedule
@@ -109,6 +121,11 @@ def run_compile(args) -> int:
         d = k.decision
         print(f"// auto: from {d.source}" + (f" ({d.detail})" if d.detail else "")
               + ("; calls run torch.matmul (cuBLAS measured faster on this problem)" if d.use_cublas else ""))
+    if k.m_buckets is not None:     # symbolic M: each call follows its M's bucket
+        print("// auto per runtime M (rounded up to a power of two):")
+        for lo, hi, d in _bucket_runs(k.m_buckets.table()):
+            what = "torch.matmul (cuBLAS measured faster)" if d.use_cublas else d.schedule.short()
+            print(f"//   M {lo}..{hi}: {what} [{d.source}]")
     wanted = list(args.print_ir_after)
     for name in wanted:
         if name != "input" and name not in k.passes:

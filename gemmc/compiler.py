@@ -19,6 +19,7 @@ from .ir import make_context, print_module
 from .ir.build import spec_to_module
 from .ir.extract import plan_from_module
 from .ir.plan import KernelPlan
+from .m_buckets import MBuckets, runtime_m
 from .passes import PIPELINE, pass_pipeline
 from .schedule import Schedule, require_valid
 from .spec import GemmSpec
@@ -86,6 +87,7 @@ class CompiledGemm:
         self._input_ir = input_ir
         self._ir_after = ir_after
         self.decision = None
+        self.m_buckets = None       # set by compile() for a symbolic-M "auto" kernel (gemmc/m_buckets.py)
 
     def __repr__(self) -> str:
         return f"<gemmc.CompiledGemm {self.spec.name} {self.arch} {self.schedule.short()}>"
@@ -122,7 +124,12 @@ class CompiledGemm:
         return self.emitted.source
 
     def build(self):
-        """Build into the kernel cache (no GPU needed) and return the artifact (.so, .ptx)."""
+        """Build into the kernel cache (no GPU needed) and return the artifact (.so, .ptx). A symbolic-M
+        `auto` compile also builds the kernel of every M bucket, so a runtime-only host can serve any M."""
+        if self.m_buckets is not None:
+            for k in self.m_buckets.kernels():
+                if k is not self:
+                    k.kernel.build()
         return self.kernel.build()
 
     @property
@@ -139,9 +146,25 @@ class CompiledGemm:
         return self.kernel.launcher
 
     def __call__(self, *args, **kwargs):
+        if self.m_buckets is not None:          # symbolic M under "auto": the choice follows the runtime M
+            m = runtime_m(self.spec, args, kwargs)
+            if m is not None:
+                decision, kernel = self.m_buckets.route(m)
+                if kernel is None:
+                    return _cublas_call(self.spec, *args, **kwargs)
+                if kernel is not self:
+                    return kernel.launcher(*args, **kwargs)
+                return self.launcher(*args, **kwargs)
         if self.decision is not None and self.decision.use_cublas:
             return _cublas_call(self.spec, *args, **kwargs)
         return self.launcher(*args, **kwargs)
+
+    def for_m(self, m: int):
+        """What a call with M rows runs: (Decision, CompiledGemm or None for torch.matmul). Only a
+        symbolic-M `auto` compile chooses per M; any other returns its one choice."""
+        if self.m_buckets is None:
+            return self.decision, (None if self.decision is not None and self.decision.use_cublas else self)
+        return self.m_buckets.route(m)
 
 
 def _cublas_call(spec: GemmSpec, a, b, out=None):
@@ -157,7 +180,8 @@ def _cublas_call(spec: GemmSpec, a, b, out=None):
 def compile(spec_or_kernel, schedule: Union[str, Schedule, dict] = "auto", arch: Optional[str] = None,
             emit: str = "kernel") -> CompiledGemm:
     """Compile a GEMM. `schedule`: "auto" | "heuristic" | a gemmc.Schedule; `arch`: "sm_90a" | "sm_80"
-    (default: the Schedule's, else sm_90a); `emit="ir"` stops after the passes."""
+    (default: the Schedule's, else sm_90a); `emit="ir"` stops after the passes. Under "auto" with a
+    symbolic M, calls choose per runtime M bucket (gemmc/m_buckets.py; `k.for_m(M)` shows the choice)."""
     if emit not in EMITS:
         raise SpecError(f"emit={emit!r}; use one of {EMITS}")
     spec = as_spec(spec_or_kernel)
@@ -168,4 +192,7 @@ def compile(spec_or_kernel, schedule: Union[str, Schedule, dict] = "auto", arch:
     ir_after, plan = lower(spec, chosen)
     k = CompiledGemm(spec, chosen, input_ir, ir_after, plan, emit)
     k.decision = decision       # where "auto" got the schedule, and whether cuBLAS is faster here
+    if decision is not None and not isinstance(spec.m, int):
+        k.m_buckets = MBuckets(spec, chosen.arch, chosen, k,
+                               lambda s: compile(spec, schedule=s, arch=chosen.arch, emit=emit))
     return k

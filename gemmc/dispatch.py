@@ -4,8 +4,8 @@ Order: 1. the tuning DB's best for this exact problem; 2. the table shipped for 
 (gemmc/pretuned.py) for this exact shape; 3. a tuned neighbour (same N, K, dtypes, layouts, epilogue; M
 within 2x) or else the trained policy, or else a farther neighbour; 4. the shipped table's neighbour
 (same N, K, M within 2x); 5. the analytic heuristic. A plain GEMM goes to torch.matmul when cuBLAS was
-measured faster on this exact problem (the DB's or the table's); a fused epilogue never does (cuBLAS
-would need extra passes to match it). `resolve_auto` reads the DB and never writes it: it is a function
+measured faster on this exact problem (the DB's or the table's), or on the table's neighbour; a fused
+epilogue never does (cuBLAS would need extra passes to match it). `resolve_auto` reads the DB and never writes it: it is a function
 of (spec, arch, db contents, shipped tables); `pretuned=False` (or GEMMC_PRETUNED=0) leaves the tables out.
 """
 from __future__ import annotations
@@ -111,7 +111,10 @@ def _pretuned_decision(hit, spec: GemmSpec) -> Decision:
     if exact:
         return Decision(e.schedule, "pretuned", use_cublas=e.cublas_faster and not spec.has_epilogue,
                         detail=f"{e.time_us:.2f} us vs cuBLAS {e.cublas_us:.2f} us (shipped table, {gpu})")
-    return Decision(e.schedule, "pretuned", detail=f"shipped table, {gpu}: measured {e.m}x{e.n}x{e.k}")
+    # a neighbour (same N, K, M within 2x) passes on its cuBLAS verdict: the table is coarse, and a
+    # shape between two measured cuBLAS wins is far likelier a cuBLAS win than not
+    return Decision(e.schedule, "pretuned", use_cublas=e.cublas_faster and not spec.has_epilogue,
+                    detail=f"shipped table, {gpu}: measured {e.m}x{e.n}x{e.k}")
 
 
 def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, db=None,

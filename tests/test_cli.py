@@ -128,3 +128,14 @@ def test_compile_auto_says_which_step_chose_and_when_cublas_runs(capsys, monkeyp
     assert "calls run torch.matmul (cuBLAS measured faster" in out.splitlines()[1]
     rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "4096", "--n", "4096", "--k", "4104")    # not in the table
     assert rc == 0 and out.splitlines()[1] == "// auto: from heuristic"
+
+
+def test_compile_auto_with_symbolic_m_prints_the_choice_per_m(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("GEMMC_TUNING_DB", str(tmp_path / "none.sqlite"))
+    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "M", "--n", "8192", "--k", "28672")
+    assert rc == 0
+    lines = [ln for ln in out.splitlines() if ln.startswith("//   M ")]
+    assert lines[0].startswith("//   M 1..") and lines[-1].endswith("[heuristic]") and "..65536:" in lines[-1]
+    assert any("torch.matmul" in ln and "[pretuned]" in ln for ln in lines)         # M = 16: cuBLAS won
+    assert any(ln.startswith("//   M 33..64: 64x64x64_c1x1_pp") for ln in lines)   # the measured winner

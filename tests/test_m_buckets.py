@@ -1,0 +1,73 @@
+"""schedule="auto" with a symbolic M: one decision per runtime M bucket (gemmc/m_buckets.py)."""
+import pytest
+import torch
+
+import gemmc
+from gemmc.compiler import CompiledGemm
+from gemmc.m_buckets import BUCKETS, bucket_of, runtime_m
+from gemmc.pretuned import table_for
+
+
+@pytest.fixture
+def shipped_only(monkeypatch, tmp_path):
+    """No tuning DB, no GPU visible: `auto` reads the shipped sm_90a table, then the heuristic."""
+    monkeypatch.setenv("GEMMC_TUNING_DB", str(tmp_path / "none.sqlite"))
+    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    return table_for("sm_90a")
+
+
+def test_buckets_round_m_up_to_a_power_of_two():
+    assert [bucket_of(m) for m in (1, 2, 3, 16, 17, 4096, 4097, 65536, 10**6)] == \
+        [1, 2, 4, 16, 32, 4096, 8192, 65536, 65536]
+    with pytest.raises(ValueError, match="M must be >= 1"):
+        bucket_of(0)
+
+
+def test_runtime_m_reads_the_a_operand():
+    spec = gemmc.GemmSpec("M", 64, 32)
+    assert runtime_m(spec, (torch.empty(5, 32),), {}) == 5
+    assert runtime_m(gemmc.GemmSpec("M", 64, 32, a_layout="km"), (torch.empty(32, 5),), {}) == 5
+    assert runtime_m(spec, (torch.empty(3, 5, 32),), {}) == 5          # batched
+    assert runtime_m(spec, (), {"a": torch.empty(5, 32)}) is None
+
+
+def test_each_bucket_takes_the_shipped_choice_at_its_m(shipped_only):
+    won = shipped_only.entries[(64, 8192, 28672)]
+    lost = shipped_only.entries[(16, 8192, 28672)]
+    assert not won.cublas_faster and lost.cublas_faster
+    k = gemmc.compile(gemmc.GemmSpec("M", 8192, 28672), schedule="auto")
+    assert k.m_buckets is not None and k.decision.source == "heuristic"    # the default: no M known
+    d, kernel = k.for_m(64)
+    assert d.source == "pretuned" and isinstance(kernel, CompiledGemm) and kernel.schedule == won.schedule
+    assert k.for_m(33)[1] is kernel                     # 33 rounds up to the 64 bucket: the same kernel
+    assert kernel.spec.m == "M"                         # compiled for the symbolic spec: serves every M
+    d, kernel = k.for_m(16)
+    assert d.source == "pretuned" and d.use_cublas and kernel is None
+    table = dict(k.m_buckets.table())
+    assert set(table) == set(BUCKETS) and table[64].schedule == won.schedule
+
+
+def test_calls_route_by_m(shipped_only, monkeypatch):
+    k = gemmc.compile(gemmc.GemmSpec("M", 8192, 28672), schedule="auto")
+    a, b = torch.randn(16, 28672), torch.randn(8192, 28672)
+    assert torch.allclose(k(a, b), a @ b.T, rtol=1e-4, atol=1e-3)      # bucket 16: torch.matmul, no kernel
+    launched = []
+    monkeypatch.setattr(CompiledGemm, "launcher", property(lambda self: lambda *x, **kw: launched.append(self)))
+    k(torch.randn(40, 28672), b)                                       # bucket 64: its own kernel
+    assert [x.schedule for x in launched] == [shipped_only.entries[(64, 8192, 28672)].schedule]
+
+
+def test_static_m_and_fixed_schedules_choose_once(shipped_only):
+    k = gemmc.compile(gemmc.GemmSpec(64, 8192, 28672), schedule="auto")
+    assert k.m_buckets is None and k.for_m(64) == (k.decision, k)
+    k = gemmc.compile(gemmc.GemmSpec("M", 8192, 28672), schedule="heuristic")
+    assert k.m_buckets is None and k.for_m(7) == (None, k)
+
+
+def test_build_covers_every_bucket_kernel(shipped_only, monkeypatch):
+    built = []
+    monkeypatch.setattr("gemmc.compiled.CompiledKernel.build", lambda self: built.append(self.schedule))
+    k = gemmc.compile(gemmc.GemmSpec("M", 8192, 28672), schedule="auto")
+    k.build()
+    kernels = {d.schedule for _, d in k.m_buckets.table() if not d.use_cublas}
+    assert set(built) == kernels | {k.schedule} and len(built) == len(set(built))
