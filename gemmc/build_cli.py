@@ -39,7 +39,15 @@ def run_build(args) -> int:
     schedule = default_schedule(args.arch).with_(**knobs) if knobs else args.schedule
     k = compile(spec, schedule=schedule, arch=args.arch)
     art = k.artifact
-    print(f"{art.key}  {k.schedule.short()} ({k.arch})  {art.directory}")
+    print(f"{art.key}  {k.schedule.short()} ({k.arch})  {art.directory}", flush=True)
+    if k.m_buckets is not None:     # symbolic M under auto: every bucket's kernel, so any M runs from the cache
+        from .cli import _bucket_runs
+        for lo, hi, d in _bucket_runs(k.m_buckets.table()):
+            if d.use_cublas:
+                print(f"  M {lo}..{hi}: torch.matmul (cuBLAS measured faster), nothing to build", flush=True)
+                continue
+            a = k.m_buckets.kernel_for(d.schedule).artifact
+            print(f"  M {lo}..{hi}: {a.key}  {d.schedule.short()}  {a.directory}", flush=True)
     if args.ptx == "-":
         sys.stdout.write(art.ptx)
     elif args.ptx:

@@ -253,3 +253,25 @@ print("ok")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_gemmc_build_of_a_symbolic_m_auto_kernel_builds_every_m_bucket(tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from gemmc.cli import main
+    built = []
+
+    def fake_build(self):
+        built.append(self.schedule)
+        return SimpleNamespace(key=f"key-{self.schedule.short()}", directory=str(tmp_path), ptx="")
+    monkeypatch.setattr("gemmc.compiled.CompiledKernel.build", fake_build)
+    monkeypatch.setenv("GEMMC_TUNING_DB", str(tmp_path / "none.sqlite"))
+    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    assert main(["build", "--m", "M", "--n", "4096", "--k", "4096", "--cache-dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    buckets = [ln for ln in lines if ln.startswith("  M ")]
+    assert buckets[0].startswith("  M 1..") and buckets[-1].startswith("  M ") and "..65536:" in buckets[-1]
+    assert any("torch.matmul (cuBLAS measured faster), nothing to build" in ln for ln in buckets)
+    kernels = {ln.split()[3] for ln in buckets if "nothing to build" not in ln}
+    assert kernels and kernels <= {s.short() for s in built}          # each bucket's kernel was built
+    assert all(ln.split()[2] == f"key-{ln.split()[3]}" for ln in buckets if "nothing to build" not in ln)
