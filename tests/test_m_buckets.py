@@ -1,6 +1,7 @@
 """schedule="auto" with a symbolic M: one decision per runtime M bucket (gemmc/m_buckets.py)."""
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import gemmc
 from gemmc.compiler import CompiledGemm
@@ -71,3 +72,29 @@ def test_build_covers_every_bucket_kernel(shipped_only, monkeypatch):
     k.build()
     kernels = {d.schedule for _, d in k.m_buckets.table() if not d.use_cublas}
     assert set(built) == kernels | {k.schedule} and len(built) == len(set(built))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(m=st.integers(1, 200_000), nk=st.sampled_from([(4096, 4096), (8192, 28672), (1000, 2048), (6144, 4096)]))
+def test_any_m_routes_to_its_bucket_decision(shipped_only, m, nk):
+    from gemmc.dispatch import resolve_auto
+    n, k = nk
+    spec = gemmc.GemmSpec("M", n, k)
+    c = _compiled(spec)
+    decision, kernel = c.for_m(m)
+    assert decision == c.m_buckets.decision(bucket_of(m))
+    expected = resolve_auto(spec, "sm_90a", m=bucket_of(m))
+    assert decision.schedule == expected.schedule and decision.use_cublas == expected.use_cublas
+    assert (kernel is None) == decision.use_cublas
+    if kernel is not None:
+        assert kernel.schedule == decision.schedule and kernel.spec == spec
+
+
+_COMPILED = {}
+
+
+def _compiled(spec):
+    """One compile per spec across the drawn examples (compiling runs the passes: keep the test fast)."""
+    if spec not in _COMPILED:
+        _COMPILED[spec] = gemmc.compile(spec, schedule="auto")
+    return _COMPILED[spec]
