@@ -148,7 +148,7 @@ class CompiledGemm:
     def __call__(self, *args, **kwargs):
         if self.m_buckets is not None:          # symbolic M under "auto": the choice follows the runtime M
             m = runtime_m(self.spec, args, kwargs)
-            if m is not None:
+            if m is not None and m >= 1:        # an empty A (M = 0) has no bucket: the default path takes it
                 decision, kernel = self.m_buckets.route(m)
                 if kernel is None:
                     return _cublas_call(self.spec, *args, **kwargs)

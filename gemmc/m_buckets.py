@@ -88,8 +88,8 @@ class MBuckets:
 
 
 def runtime_m(spec: GemmSpec, args: tuple, kwargs: dict) -> Optional[int]:
-    """M of a call, read from the A operand (the first positional argument); None if there is none."""
-    a = args[0] if args else None
+    """M of a call, read from the A operand (the first positional argument, or `a=`); None if there is none."""
+    a = args[0] if args else kwargs.get("a")
     shape = getattr(a, "shape", None)
     if shape is None or len(shape) < 2:
         return None

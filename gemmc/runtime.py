@@ -131,8 +131,9 @@ class WorkspacePool:
     Kernels overwrite the partials they read back, so one kernel's leftovers never matter to the next;
     calls on one stream are ordered, so sharing within a stream is safe, and two streams never share.
     One pool (not one buffer per launcher) keeps a sweep over hundreds of split-K kernels at the size of
-    its largest workspace. A buffer outgrown is kept alive, not freed: a CUDA graph captured earlier
-    may still point at it (growth at least doubles, so this costs at most the size of the newest).
+    its largest workspace. A launch being captured into a CUDA graph gets scratch of its own from the
+    graph's pool, never a pooled buffer: the graph keeps that pointer for its replays. A buffer outgrown
+    is kept alive, not freed (growth at least doubles, so this costs at most the size of the newest).
     Only the newest `_WORKSPACE_STREAMS_KEPT` streams per device are kept, so a caller that makes a new
     stream per call does not pin memory forever.
     """
@@ -141,28 +142,30 @@ class WorkspacePool:
         self.buffers: dict[tuple, Any] = {}       # (device, stream, dtype) -> newest buffer
         self.outgrown: dict[tuple, list] = {}     # same key -> smaller buffers a graph may still use
         self._views: dict[tuple, Any] = {}        # (key, elems) -> view of the newest buffer (slicing costs ~1 us)
+        self._lock = threading.Lock()             # launchers on several threads (streams) grow it at once
 
     def get(self, dtype: DType, elems: int, device):
+        if _capturing(device):
+            # A graph keeps the pointer it was captured with: give it memory of its own (the graph's pool),
+            # never a pooled buffer, which eager calls on this stream would share with the replays and
+            # which dropping this stream (only the newest streams are kept) would free under the graph.
+            return _zeros(dtype, max(elems, 1), device)[:elems]
         key = (device, _current_raw_stream(device), dtype)
         view = self._views.get((key, elems))
         if view is not None:
             return view
-        buf = self.buffers.get(key)
-        if buf is not None and buf.numel() >= elems:
-            if len(self._views) >= _WORKSPACE_VIEWS_KEPT:     # a serving loop sees a new M per call
-                self._views.clear()
-            view = self._views[(key, elems)] = buf[:elems]
-            return view
-        return self._grow(key, dtype, elems, device, buf)
+        with self._lock:
+            buf = self.buffers.get(key)
+            if buf is not None and buf.numel() >= elems:
+                if len(self._views) >= _WORKSPACE_VIEWS_KEPT:     # a serving loop sees a new M per call
+                    self._views.clear()
+                view = self._views[(key, elems)] = buf[:elems]
+                return view
+            return self._grow(key, dtype, elems, device, buf)
 
     def _grow(self, key, dtype: DType, elems: int, device, buf):
-        import torch
-        tdtype = {DType.f32: torch.float32, DType.f16: torch.float16, DType.bf16: torch.bfloat16}[dtype]
         size = max(elems, 1, 2 * buf.numel() if buf is not None else 0)
-        new = torch.zeros(size, dtype=tdtype, device=device)
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            # Memory allocated while capturing belongs to the graph's pool: don't keep it for eager calls.
-            return new[:elems]
+        new = _zeros(dtype, size, device)
         if buf is not None:
             self.outgrown.setdefault(key, []).append(buf)
         streams = list(dict.fromkeys(k[1] for k in self.buffers if k[0] == device and k[1] != key[1]))
@@ -181,6 +184,20 @@ class WorkspacePool:
 
 
 WORKSPACES = WorkspacePool()
+
+
+def _zeros(dtype: DType, elems: int, device):
+    import torch
+    tdtype = {DType.f32: torch.float32, DType.f16: torch.float16, DType.bf16: torch.bfloat16}[dtype]
+    return torch.zeros(elems, dtype=tdtype, device=device)
+
+
+def _capturing(device) -> bool:
+    """Is torch's current stream for `device` capturing a CUDA graph?"""
+    if device.type != "cuda":
+        return False
+    import torch
+    return torch.cuda.is_current_stream_capturing()
 
 
 def _current_raw_stream(device) -> int:

@@ -29,7 +29,8 @@ def test_runtime_m_reads_the_a_operand():
     assert runtime_m(spec, (torch.empty(5, 32),), {}) == 5
     assert runtime_m(gemmc.GemmSpec("M", 64, 32, a_layout="km"), (torch.empty(32, 5),), {}) == 5
     assert runtime_m(spec, (torch.empty(3, 5, 32),), {}) == 5          # batched
-    assert runtime_m(spec, (), {"a": torch.empty(5, 32)}) is None
+    assert runtime_m(spec, (), {"a": torch.empty(5, 32)}) == 5          # A by name
+    assert runtime_m(spec, (), {"b": torch.empty(64, 32)}) is None
 
 
 def test_each_bucket_takes_the_shipped_choice_at_its_m(shipped_only):
@@ -56,6 +57,25 @@ def test_calls_route_by_m(shipped_only, monkeypatch):
     monkeypatch.setattr(CompiledGemm, "launcher", property(lambda self: lambda *x, **kw: launched.append(self)))
     k(torch.randn(40, 28672), b)                                       # bucket 64: its own kernel
     assert [x.schedule for x in launched] == [shipped_only.entries[(64, 8192, 28672)].schedule]
+
+
+def test_calls_with_named_operands_route_by_m(shipped_only, monkeypatch):
+    k = gemmc.compile(gemmc.GemmSpec("M", 8192, 28672), schedule="auto")
+    a, b = torch.randn(16, 28672), torch.randn(8192, 28672)
+    launched = []
+    monkeypatch.setattr(CompiledGemm, "launcher", property(lambda self: lambda *x, **kw: launched.append(self)))
+    out = k(a=a, b=b)                                   # bucket 16: torch.matmul, as k(a, b) does
+    assert not launched and torch.allclose(out, a @ b.T, rtol=1e-4, atol=1e-3)
+    k(a=torch.randn(40, 28672), b=b)                     # bucket 64: its own kernel, not the default
+    assert [x.schedule for x in launched] == [shipped_only.entries[(64, 8192, 28672)].schedule]
+
+
+def test_an_empty_a_takes_the_default_path(shipped_only, monkeypatch):
+    k = gemmc.compile(gemmc.GemmSpec("M", 8192, 28672), schedule="auto")
+    launched = []
+    monkeypatch.setattr(CompiledGemm, "launcher", property(lambda self: lambda *x, **kw: launched.append(self)))
+    k(torch.empty(0, 28672), torch.randn(8192, 28672))  # no bucket for M = 0: no ValueError from bucket_of
+    assert launched == [k]
 
 
 def test_static_m_and_fixed_schedules_choose_once(shipped_only):

@@ -414,3 +414,52 @@ def test_workspace_pool_reuses_views_and_bounds_them(monkeypatch):
     for elems in range(10, 20):                                # a new size per call (a serving loop's M)
         assert pool.get(DType.f32, elems, dev).shape == (elems,)
     assert len(pool._views) <= 4
+
+
+def test_workspace_pool_gives_a_graph_capture_its_own_scratch(monkeypatch):
+    import gemmc.runtime as rt
+    pool = rt.WorkspacePool()
+    monkeypatch.setattr(rt, "_current_raw_stream", lambda device: 7)
+    monkeypatch.setattr(rt, "_WORKSPACE_STREAMS_KEPT", 1)
+    dev = torch.device("cpu")
+    eager = pool.get(DType.f32, 100, dev)
+    monkeypatch.setattr(rt, "_capturing", lambda device: True)
+    captured = pool.get(DType.f32, 100, dev)       # a cached view of the pooled buffer exists for this size
+    assert captured.shape == (100,) and captured.data_ptr() != eager.data_ptr()
+    assert pool.get(DType.f32, 50, dev).data_ptr() != eager.data_ptr()
+    assert list(pool.buffers) == [(dev, 7, DType.f32)] and pool.nbytes() == 100 * 4   # the pool is untouched
+    monkeypatch.setattr(rt, "_capturing", lambda device: False)
+    assert pool.get(DType.f32, 100, dev) is eager
+
+
+def test_workspace_pool_grows_safely_from_many_threads(monkeypatch):
+    import sys
+    import threading
+    import gemmc.runtime as rt
+    pool = rt.WorkspacePool()
+    local = threading.local()
+    monkeypatch.setattr(rt, "_current_raw_stream", lambda device: local.stream)
+    monkeypatch.setattr(rt, "_WORKSPACE_STREAMS_KEPT", 2)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)                         # switch threads often: let the race show
+    dev = torch.device("cpu")
+    errors = []
+
+    def work(t):
+        try:
+            for i in range(3000):
+                local.stream = t * 1000 + i % 7           # a few streams per thread: buffers come and go
+                n = 1 + (i * 37 + t) % 500
+                assert pool.get(DType.f32, n, dev).shape == (n,)
+        except Exception as e:                          # noqa: BLE001
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[:3]
