@@ -42,12 +42,14 @@ def run_build(args) -> int:
     print(f"{art.key}  {k.schedule.short()} ({k.arch})  {art.directory}", flush=True)
     if k.m_buckets is not None:     # symbolic M under auto: every bucket's kernel, so any M runs from the cache
         from .cli import _bucket_runs
-        for lo, hi, d in _bucket_runs(k.m_buckets.table()):
+        table = k.m_buckets.table()
+        for lo, hi, d in _bucket_runs(table):
+            rng = f"{lo}.." if hi == table[-1][0] else f"{lo}..{hi}"      # the last bucket: every larger M
             if d.use_cublas:
-                print(f"  M {lo}..{hi}: torch.matmul (cuBLAS measured faster), nothing to build", flush=True)
+                print(f"  M {rng}: torch.matmul (cuBLAS measured faster), nothing to build", flush=True)
                 continue
             a = k.m_buckets.kernel_for(d.schedule).artifact
-            print(f"  M {lo}..{hi}: {a.key}  {d.schedule.short()}  {a.directory}", flush=True)
+            print(f"  M {rng}: {a.key}  {d.schedule.short()}  {a.directory}", flush=True)
     if args.ptx == "-":
         sys.stdout.write(art.ptx)
     elif args.ptx:

@@ -125,7 +125,8 @@ def run_compile(args) -> int:
         print("// auto per runtime M (rounded up to a power of two):")
         for lo, hi, d in _bucket_runs(k.m_buckets.table()):
             what = "torch.matmul (cuBLAS measured faster)" if d.use_cublas else d.schedule.short()
-            print(f"//   M {lo}..{hi}: {what} [{d.source}]")
+            last = hi == k.m_buckets.table()[-1][0]      # the last bucket takes every larger M too
+            print(f"//   M {lo}..{'' if last else hi}: {what} [{d.source}]")
     wanted = list(args.print_ir_after)
     for name in wanted:
         if name != "input" and name not in k.passes:

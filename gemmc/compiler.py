@@ -146,6 +146,7 @@ class CompiledGemm:
         return self.kernel.launcher
 
     def __call__(self, *args, **kwargs):
+        self._need_kernel("calling the kernel")     # also where "auto" would run torch.matmul: one rule
         if self.m_buckets is not None:          # symbolic M under "auto": the choice follows the runtime M
             m = runtime_m(self.spec, args, kwargs)
             if m is not None and m >= 1:        # an empty A (M = 0) has no bucket: the default path takes it

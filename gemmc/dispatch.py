@@ -125,8 +125,8 @@ def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, 
     arch = as_arch(arch)
     conc = _concrete(spec, m)
     tdb, owned = _open_db(db) if conc is not None else (None, False)
-    shipped = _pretuned(conc, arch, gpu_name, pretuned) if conc is not None else None
     try:
+        shipped = _pretuned(conc, arch, gpu_name, pretuned) if conc is not None else None
         if tdb is not None:
             exact = tdb.best(conc, arch, gpu_name)
             if exact is not None and is_valid(exact.schedule, conc):

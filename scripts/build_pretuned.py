@@ -27,6 +27,12 @@ def main(argv=None) -> int:
         name = (header.get("device") or {}).get("name")
         if name and name != args.gpu:
             p.error(f"{path} was recorded on {name!r}, not {args.gpu!r}")
+        # a table holds one problem class (gemmc/pretuned.py): bf16, A [M, K] and B [N, K], this arch
+        if header.get("dtype", "bf16") != "bf16" or header.get("arch", args.arch) != args.arch:
+            p.error(f"{path} holds dtype {header.get('dtype')!r} / arch {header.get('arch')!r}; a table is "
+                    f"bf16 on {args.arch}")
+        if "B [N,K]" not in header.get("layout", "B [N,K]"):
+            p.error(f"{path} layout {header.get('layout')!r}: a table is A [M, K] @ B [N, K].T")
         records += recs
     source = ", ".join(sorted(Path(x).name for x in args.data))
     table = build_table(records, args.gpu, args.arch, source)

@@ -1,4 +1,5 @@
 """Build path on this CPU: the toy emitted kernel compiles to a TVM-FFI .so with its PTX, in the cache."""
+import re
 import json
 import multiprocessing as mp
 import os
@@ -270,7 +271,7 @@ def test_gemmc_build_of_a_symbolic_m_auto_kernel_builds_every_m_bucket(tmp_path,
     assert main(["build", "--m", "M", "--n", "4096", "--k", "4096", "--cache-dir", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     buckets = [ln for ln in lines if ln.startswith("  M ")]
-    assert buckets[0].startswith("  M 1..") and buckets[-1].startswith("  M ") and "..65536:" in buckets[-1]
+    assert buckets[0].startswith("  M 1..") and buckets[-1].startswith("  M ") and re.match(r"  M \d+\.\.: ", buckets[-1])
     assert any("torch.matmul (cuBLAS measured faster), nothing to build" in ln for ln in buckets)
     kernels = {ln.split()[3] for ln in buckets if "nothing to build" not in ln}
     assert kernels and kernels <= {s.short() for s in built}          # each bucket's kernel was built

@@ -1,4 +1,5 @@
 """The `gemmc` command: compile (IR after passes, schedules, errors) and opt (xdsl-opt over IR files)."""
+import re
 import subprocess
 import sys
 
@@ -136,6 +137,6 @@ def test_compile_auto_with_symbolic_m_prints_the_choice_per_m(capsys, monkeypatc
     rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "M", "--n", "8192", "--k", "28672")
     assert rc == 0
     lines = [ln for ln in out.splitlines() if ln.startswith("//   M ")]
-    assert lines[0].startswith("//   M 1..") and lines[-1].endswith("[heuristic]") and "..65536:" in lines[-1]
+    assert lines[0].startswith("//   M 1..") and lines[-1].endswith("[heuristic]") and re.match(r"//   M \d+\.\.: ", lines[-1])
     assert any("torch.matmul" in ln and "[pretuned]" in ln for ln in lines)         # M = 16: cuBLAS won
     assert any(ln.startswith("//   M 33..64: 64x64x64_c1x1_pp") for ln in lines)   # the measured winner

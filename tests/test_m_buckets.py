@@ -118,3 +118,9 @@ def _compiled(spec):
     if spec not in _COMPILED:
         _COMPILED[spec] = gemmc.compile(spec, schedule="auto")
     return _COMPILED[spec]
+
+
+def test_an_ir_only_compile_refuses_calls_even_where_auto_would_run_cublas(shipped_only):
+    k = gemmc.compile(gemmc.GemmSpec("M", 8192, 28672), schedule="auto", emit="ir")
+    with pytest.raises(gemmc.SpecError, match="emit='kernel'"):
+        k(torch.randn(16, 28672), torch.randn(8192, 28672))

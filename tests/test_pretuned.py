@@ -116,3 +116,12 @@ def test_every_shipped_schedule_is_valid_for_its_shape():
 def test_a_table_of_another_format_is_refused():
     with pytest.raises(ValueError, match="format"):
         table_from_json({"format": "other/9", "gpu": "x", "arch": "sm_90a", "entries": []})
+
+
+def test_the_build_script_refuses_a_sweep_of_another_class(tmp_path):
+    from gemmc.bench.dataset import write_dataset
+    header, records = load_dataset(DATA[0])
+    f16 = write_dataset(tmp_path / "f16.jsonl.gz", {**header, "dtype": "f16"}, records[:10])
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_pretuned.py"), str(f16), "--gpu", H200,
+                           "--out", str(tmp_path / "t.json")], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "a table is bf16" in proc.stderr
