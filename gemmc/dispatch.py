@@ -34,7 +34,10 @@ class Decision:
 def _concrete(spec: GemmSpec, m: Optional[int]) -> Optional[GemmSpec]:
     if m is not None and not isinstance(spec.m, int):
         spec = replace(spec, m=int(m))
-    return spec if all(isinstance(d, int) for d in (spec.m, spec.n, spec.k)) else None
+    # a symbolic batch is a different problem from no batch: the DB cannot tell them apart, so neither
+    # is looked up (the heuristic answers)
+    concrete = all(isinstance(d, int) for d in (spec.m, spec.n, spec.k))
+    return spec if concrete and (spec.batch is None or isinstance(spec.batch, int)) else None
 
 
 def _open_db(db):

@@ -107,3 +107,11 @@ def test_decisions_are_always_valid_and_fallback_only_on_exact_plain(tmp_path_fa
         assert d.source == "db" and not epi and cublas < 40.0
     exact = (m, n, k) in [(128, 4096, 4096), (1024, 1024, 1024), (64, 512, 4096)] and not epi
     assert (d.source == "db") == exact
+
+
+def test_a_symbolic_batch_never_reuses_unbatched_entries(db):
+    c = _cands(SPEC)
+    db.record(SPEC, "sm_90a", Measurement(c[5], 50.0, None, 45.0), "H200")     # unbatched: cuBLAS faster
+    batched = gemmc.GemmSpec(256, 4096, 4096, batch="L")
+    d = resolve_auto(batched, "sm_90a", db=db)
+    assert d.source == "heuristic" and not d.use_cublas
