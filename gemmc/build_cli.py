@@ -46,7 +46,7 @@ def run_build(args) -> int:
         for lo, hi, d in _bucket_runs(table):
             rng = f"{lo}.." if hi == table[-1][0] else f"{lo}..{hi}"      # the last bucket: every larger M
             if d.use_cublas:
-                print(f"  M {rng}: torch.matmul (cuBLAS measured faster), nothing to build", flush=True)
+                print(f"  M {rng}: torch.matmul ({d.source}: cuBLAS faster), nothing to build", flush=True)
                 continue
             a = k.m_buckets.kernel_for(d.schedule).artifact
             print(f"  M {rng}: {a.key}  {d.schedule.short()}  {a.directory}", flush=True)

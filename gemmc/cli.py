@@ -120,11 +120,11 @@ def run_compile(args) -> int:
     if k.decision is not None:      # schedule="auto": which step chose, and whether cuBLAS runs instead
         d = k.decision
         print(f"// auto: from {d.source}" + (f" ({d.detail})" if d.detail else "")
-              + ("; calls run torch.matmul (cuBLAS measured faster on this problem)" if d.use_cublas else ""))
+              + ("; calls run torch.matmul" if d.use_cublas else ""))
     if k.m_buckets is not None:     # symbolic M: each call follows its M's bucket
         print("// auto per runtime M (rounded up to a power of two):")
         for lo, hi, d in _bucket_runs(k.m_buckets.table()):
-            what = "torch.matmul (cuBLAS measured faster)" if d.use_cublas else d.schedule.short()
+            what = "torch.matmul" if d.use_cublas else d.schedule.short()
             last = hi == k.m_buckets.table()[-1][0]      # the last bucket takes every larger M too
             print(f"//   M {lo}..{'' if last else hi}: {what} [{d.source}]")
     wanted = list(args.print_ir_after)

@@ -4,8 +4,9 @@ Order: 1. the tuning DB's best for this exact problem; 2. the table shipped for 
 (gemmc/pretuned.py) for this exact shape; 3. a tuned neighbour (same N, K, dtypes, layouts, epilogue; M
 within 2x) or else the trained policy, or else a farther neighbour; 4. the shipped table's neighbour
 (same N, K, M within 2x); 5. the analytic heuristic. A plain GEMM goes to torch.matmul when cuBLAS was
-measured faster on this exact problem (the DB's or the table's), or on the table's neighbour; a fused
-epilogue never does (cuBLAS would need extra passes to match it). `resolve_auto` reads the DB and never writes it: it is a function
+measured faster on this exact problem (the DB's or the table's), or on the table's neighbour, or (at the
+heuristic step) at most of the 3 nearest shapes the table measured; a fused epilogue never does (cuBLAS
+would need extra passes to match it). `resolve_auto` reads the DB and never writes it: it is a function
 of (spec, arch, db contents, shipped tables); `pretuned=False` (or GEMMC_PRETUNED=0) leaves the tables out.
 """
 from __future__ import annotations
@@ -120,6 +121,21 @@ def _pretuned_decision(hit, spec: GemmSpec) -> Decision:
                     detail=f"shipped table, {gpu}: measured {e.m}x{e.n}x{e.k}")
 
 
+def _heuristic_decision(conc: Optional[GemmSpec], spec: GemmSpec, arch: str, gpu_name: Optional[str],
+                        pretuned: bool) -> Decision:
+    """The heuristic's schedule; for a plain GEMM on a GPU with a shipped table, torch.matmul when cuBLAS
+    won at most of the nearest measured shapes (gemmc.pretuned.PretunedTable.predicted_cublas_faster)."""
+    schedule = heuristic_schedule(conc or spec, arch)
+    if conc is None or conc.has_epilogue or not pretuned:
+        return Decision(schedule, "heuristic")
+    from .pretuned import VERDICT_NEIGHBOURS, table_for
+    table = table_for(arch, gpu_name)
+    if table is None or not table.predicted_cublas_faster(conc):
+        return Decision(schedule, "heuristic")
+    return Decision(schedule, "heuristic", use_cublas=True,
+                    detail=f"cuBLAS won at most of the {VERDICT_NEIGHBOURS} nearest shapes measured on {table.gpu}")
+
+
 def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, db=None,
                  gpu_name: Optional[str] = None, pretuned: bool = True) -> Decision:
     """The schedule for `spec` (M may be symbolic: pass the runtime `m`); see the module docstring.
@@ -159,7 +175,7 @@ def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, 
                 return Decision(e.schedule, "nearest", detail=f"tuned {e.fields['m']}x{e.fields['n']}x{e.fields['k']}")
         if shipped is not None:
             return _pretuned_decision(shipped, conc)
-        return Decision(heuristic_schedule(conc or spec, arch), "heuristic")
+        return _heuristic_decision(conc, spec, arch, gpu_name, pretuned)
     finally:
         if owned and tdb is not None:
             tdb.close()

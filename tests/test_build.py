@@ -272,7 +272,7 @@ def test_gemmc_build_of_a_symbolic_m_auto_kernel_builds_every_m_bucket(tmp_path,
     lines = capsys.readouterr().out.splitlines()
     buckets = [ln for ln in lines if ln.startswith("  M ")]
     assert buckets[0].startswith("  M 1..") and buckets[-1].startswith("  M ") and re.match(r"  M \d+\.\.: ", buckets[-1])
-    assert any("torch.matmul (cuBLAS measured faster), nothing to build" in ln for ln in buckets)
+    assert any("torch.matmul (pretuned: cuBLAS faster), nothing to build" in ln for ln in buckets)
     kernels = {ln.split()[3] for ln in buckets if "nothing to build" not in ln}
     assert kernels and kernels <= {s.short() for s in built}          # each bucket's kernel was built
     assert all(ln.split()[2] == f"key-{ln.split()[3]}" for ln in buckets if "nothing to build" not in ln)
