@@ -149,7 +149,9 @@ class WorkspacePool:
             # A graph keeps the pointer it was captured with: give it memory of its own (the graph's pool),
             # never a pooled buffer, which eager calls on this stream would share with the replays and
             # which dropping this stream (only the newest streams are kept) would free under the graph.
-            return _zeros(dtype, max(elems, 1), device)[:elems]
+            # Uninitialised on purpose: kernels overwrite every partial they read, and zeroing would put a
+            # memset of the whole workspace into every replay.
+            return _empty(dtype, max(elems, 1), device)[:elems]
         key = (device, _current_raw_stream(device), dtype)
         view = self._views.get((key, elems))
         if view is not None:
@@ -186,10 +188,19 @@ class WorkspacePool:
 WORKSPACES = WorkspacePool()
 
 
+def _torch_dtype(dtype: DType):
+    import torch
+    return {DType.f32: torch.float32, DType.f16: torch.float16, DType.bf16: torch.bfloat16}[dtype]
+
+
 def _zeros(dtype: DType, elems: int, device):
     import torch
-    tdtype = {DType.f32: torch.float32, DType.f16: torch.float16, DType.bf16: torch.bfloat16}[dtype]
-    return torch.zeros(elems, dtype=tdtype, device=device)
+    return torch.zeros(elems, dtype=_torch_dtype(dtype), device=device)
+
+
+def _empty(dtype: DType, elems: int, device):
+    import torch
+    return torch.empty(elems, dtype=_torch_dtype(dtype), device=device)
 
 
 def _capturing(device) -> bool:
