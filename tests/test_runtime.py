@@ -424,6 +424,8 @@ def test_workspace_pool_gives_a_graph_capture_its_own_scratch(monkeypatch):
     dev = torch.device("cpu")
     eager = pool.get(DType.f32, 100, dev)
     monkeypatch.setattr(rt, "_capturing", lambda device: True)
+    # no zero-fill under capture: it would put a memset of the whole workspace into every replay
+    monkeypatch.setattr(rt, "_zeros", lambda *a: pytest.fail("zero-filled a workspace under capture"))
     captured = pool.get(DType.f32, 100, dev)       # a cached view of the pooled buffer exists for this size
     assert captured.shape == (100,) and captured.data_ptr() != eager.data_ptr()
     assert pool.get(DType.f32, 50, dev).data_ptr() != eager.data_ptr()
