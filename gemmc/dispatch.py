@@ -98,40 +98,36 @@ def heuristic_schedule(spec: GemmSpec, arch: str) -> Schedule:
     return feasible[0] if feasible else s
 
 
-def _pretuned(spec: GemmSpec, arch: str, gpu_name: Optional[str], enabled: bool):
-    """(entry, exact) from the shipped table of this GPU, when its schedule is valid for `spec`."""
-    if not enabled:
+def _shipped_table(conc: Optional[GemmSpec], arch: str, gpu_name: Optional[str], enabled: bool):
+    """The table shipped for this GPU (gemmc.pretuned), once per resolve; None for a symbolic problem."""
+    if not enabled or conc is None:
         return None
     from .pretuned import table_for
-    table = table_for(arch, gpu_name)
+    return table_for(arch, gpu_name)
+
+
+def _pretuned_decision(table, spec: GemmSpec) -> Optional[tuple[Decision, bool]]:
+    """(decision, exact) from the table's entry for this shape, or its neighbour (same N, K, M within 2x),
+    when valid for `spec`.
+    A neighbour passes on its cuBLAS verdict too: the table is coarse, and a shape between two measured
+    cuBLAS wins is far likelier a cuBLAS win than not."""
     hit = table.lookup(spec) if table is not None else None
     if hit is None or not is_valid(hit[0].schedule, spec):
         return None
-    return hit[0], hit[1], table.gpu
-
-
-def _pretuned_decision(hit, spec: GemmSpec) -> Decision:
-    e, exact, gpu = hit
-    if exact:
-        return Decision(e.schedule, "pretuned", use_cublas=e.cublas_faster and not spec.has_epilogue,
-                        detail=f"{e.time_us:.2f} us vs cuBLAS {e.cublas_us:.2f} us (shipped table, {gpu})")
-    # a neighbour (same N, K, M within 2x) passes on its cuBLAS verdict: the table is coarse, and a
-    # shape between two measured cuBLAS wins is far likelier a cuBLAS win than not
+    e, exact = hit
+    detail = (f"{e.time_us:.2f} us vs cuBLAS {e.cublas_us:.2f} us (shipped table, {table.gpu})" if exact
+              else f"shipped table, {table.gpu}: measured {e.m}x{e.n}x{e.k}")
     return Decision(e.schedule, "pretuned", use_cublas=e.cublas_faster and not spec.has_epilogue,
-                    detail=f"shipped table, {gpu}: measured {e.m}x{e.n}x{e.k}")
+                    detail=detail), exact
 
 
-def _heuristic_decision(conc: Optional[GemmSpec], spec: GemmSpec, arch: str, gpu_name: Optional[str],
-                        pretuned: bool) -> Decision:
+def _heuristic_decision(conc: Optional[GemmSpec], spec: GemmSpec, arch: str, table) -> Decision:
     """The heuristic's schedule; for a plain GEMM on a GPU with a shipped table, torch.matmul when cuBLAS
     won at most of the nearest measured shapes (gemmc.pretuned.PretunedTable.predicted_cublas_faster)."""
     schedule = heuristic_schedule(conc or spec, arch)
-    if conc is None or conc.has_epilogue or not pretuned:
+    if table is None or conc.has_epilogue or not table.predicted_cublas_faster(conc):
         return Decision(schedule, "heuristic")
-    from .pretuned import VERDICT_NEIGHBOURS, table_for
-    table = table_for(arch, gpu_name)
-    if table is None or not table.predicted_cublas_faster(conc):
-        return Decision(schedule, "heuristic")
+    from .pretuned import VERDICT_NEIGHBOURS
     return Decision(schedule, "heuristic", use_cublas=True,
                     detail=f"cuBLAS won at most of the {VERDICT_NEIGHBOURS} nearest shapes measured on {table.gpu}")
 
@@ -145,7 +141,8 @@ def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, 
     conc = _concrete(spec, m)
     tdb, owned = _open_db(db) if conc is not None else (None, False)
     try:
-        shipped = _pretuned(conc, arch, gpu_name, pretuned) if conc is not None else None
+        table = _shipped_table(conc, arch, gpu_name, pretuned)
+        shipped = _pretuned_decision(table, conc)
         if tdb is not None:
             exact = tdb.best(conc, arch, gpu_name)
             if exact is not None and is_valid(exact.schedule, conc):
@@ -156,7 +153,7 @@ def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, 
                                        f"{exact.cublas_us if exact.cublas_us is not None else float('nan'):.2f} us "
                                        f"({exact.n_measured} measured, {exact.gpu_name})")
         if shipped is not None and shipped[1]:
-            return _pretuned_decision(shipped, conc)
+            return shipped[0]
         if tdb is not None:
             near = [(d, e) for d, e in _neighbours(tdb, conc, arch, gpu_name) if is_valid(e.schedule, conc)]
             close = [(d, e) for d, e in near if d <= NEAR_LOG2 and e.fields["n"] == conc.n and e.fields["k"] == conc.k]
@@ -174,8 +171,8 @@ def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, 
                 d, e = far[0]
                 return Decision(e.schedule, "nearest", detail=f"tuned {e.fields['m']}x{e.fields['n']}x{e.fields['k']}")
         if shipped is not None:
-            return _pretuned_decision(shipped, conc)
-        return _heuristic_decision(conc, spec, arch, gpu_name, pretuned)
+            return shipped[0]
+        return _heuristic_decision(conc, spec, arch, table)
     finally:
         if owned and tdb is not None:
             tdb.close()
