@@ -42,9 +42,7 @@ def run_build(args) -> int:
     print(f"{art.key}  {k.schedule.short()} ({k.arch})  {art.directory}", flush=True)
     if k.m_buckets is not None:     # symbolic M under auto: every bucket's kernel, so any M runs from the cache
         from .cli import _bucket_runs
-        table = k.m_buckets.table()
-        for lo, hi, d in _bucket_runs(table):
-            rng = f"{lo}.." if hi == table[-1][0] else f"{lo}..{hi}"      # the last bucket: every larger M
+        for rng, d in _bucket_runs(k.m_buckets.table()):
             if d.use_cublas:
                 print(f"  M {rng}: torch.matmul ({d.source}: cuBLAS faster), nothing to build", flush=True)
                 continue

@@ -95,7 +95,8 @@ def _banner(what: str) -> str:
 
 
 def _bucket_runs(table):
-    """[(first M, last M, Decision)] merging neighbouring buckets that make the same choice."""
+    """[("lo..hi", Decision)] merging neighbouring buckets that make the same choice; the last run is
+    written "lo.." because the last bucket takes every larger M too."""
     runs, lo = [], 1
     for b, d in table:
         if runs and (runs[-1][2].schedule, runs[-1][2].use_cublas) == (d.schedule, d.use_cublas):
@@ -103,7 +104,7 @@ def _bucket_runs(table):
         else:
             runs.append((lo, b, d))
         lo = b + 1
-    return runs
+    return [(f"{lo}.." if i == len(runs) - 1 else f"{lo}..{hi}", d) for i, (lo, hi, d) in enumerate(runs)]
 
 
 def run_compile(args) -> int:
@@ -123,10 +124,9 @@ def run_compile(args) -> int:
               + ("; calls run torch.matmul" if d.use_cublas else ""))
     if k.m_buckets is not None:     # symbolic M: each call follows its M's bucket
         print("// auto per runtime M (rounded up to a power of two):")
-        for lo, hi, d in _bucket_runs(k.m_buckets.table()):
+        for rng, d in _bucket_runs(k.m_buckets.table()):
             what = "torch.matmul" if d.use_cublas else d.schedule.short()
-            last = hi == k.m_buckets.table()[-1][0]      # the last bucket takes every larger M too
-            print(f"//   M {lo}..{'' if last else hi}: {what} [{d.source}]")
+            print(f"//   M {rng}: {what} [{d.source}]")
     wanted = list(args.print_ir_after)
     for name in wanted:
         if name != "input" and name not in k.passes:
