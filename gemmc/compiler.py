@@ -153,9 +153,7 @@ class CompiledGemm:
                 decision, kernel = self.m_buckets.route(m)
                 if kernel is None:
                     return _cublas_call(self.spec, *args, **kwargs)
-                if kernel is not self:
-                    return kernel.launcher(*args, **kwargs)
-                return self.launcher(*args, **kwargs)
+                return kernel.launcher(*args, **kwargs)     # the bucket's kernel (may be this one)
         if self.decision is not None and self.decision.use_cublas:
             return _cublas_call(self.spec, *args, **kwargs)
         return self.launcher(*args, **kwargs)
