@@ -35,3 +35,13 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     if "GEMMC_TEST_CACHE_DIR" not in os.environ:
         os.environ["GEMMC_TEST_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "gemmc-cache")
     monkeypatch.setenv("GEMMC_CACHE_DIR", os.environ["GEMMC_TEST_CACHE_DIR"])
+
+
+@pytest.fixture
+def shipped_only(monkeypatch, tmp_path):
+    """No tuning DB, no GPU visible (an ahead-of-time build): `auto` reads the shipped sm_90a table,
+    then the heuristic. Returns that table."""
+    from gemmc.pretuned import table_for
+    monkeypatch.setenv("GEMMC_TUNING_DB", str(tmp_path / "none.sqlite"))
+    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    return table_for("sm_90a")

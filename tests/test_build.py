@@ -256,7 +256,7 @@ print("ok")
     assert out.stdout.strip() == "ok"
 
 
-def test_gemmc_build_of_a_symbolic_m_auto_kernel_builds_every_m_bucket(tmp_path, monkeypatch, capsys):
+def test_gemmc_build_of_a_symbolic_m_auto_kernel_builds_every_m_bucket(tmp_path, monkeypatch, capsys, shipped_only):
     from types import SimpleNamespace
 
     from gemmc.cli import main
@@ -266,8 +266,6 @@ def test_gemmc_build_of_a_symbolic_m_auto_kernel_builds_every_m_bucket(tmp_path,
         built.append(self.schedule)
         return SimpleNamespace(key=f"key-{self.schedule.short()}", directory=str(tmp_path), ptx="")
     monkeypatch.setattr("gemmc.compiled.CompiledKernel.build", fake_build)
-    monkeypatch.setenv("GEMMC_TUNING_DB", str(tmp_path / "none.sqlite"))
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
     assert main(["build", "--m", "M", "--n", "4096", "--k", "4096", "--cache-dir", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     buckets = [ln for ln in lines if ln.startswith("  M ")]

@@ -117,11 +117,8 @@ def test_python_dash_m_gemmc():
     assert "kernel.gemm @gemm" in proc.stdout
 
 
-def test_compile_auto_says_which_step_chose_and_when_cublas_runs(capsys, monkeypatch, tmp_path):
-    from gemmc.pretuned import table_for
-    monkeypatch.setenv("GEMMC_TUNING_DB", str(tmp_path / "none.sqlite"))
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)      # an AOT build: the sm_90a table
-    lost = next(e for e in table_for("sm_90a").entries.values() if e.cublas_faster)
+def test_compile_auto_says_which_step_chose_and_when_cublas_runs(capsys, shipped_only):
+    lost = next(e for e in shipped_only.entries.values() if e.cublas_faster)
     rc, out, _ = gemmc_cmd(capsys, "compile", "--m", str(lost.m), "--n", str(lost.n), "--k", str(lost.k))
     assert rc == 0
     assert out.splitlines()[0] == f"// schedule: {lost.schedule.short()} (sm_90a)"
@@ -134,9 +131,7 @@ def test_compile_auto_says_which_step_chose_and_when_cublas_runs(capsys, monkeyp
     assert rc == 0 and out.splitlines()[1] == "// auto: from heuristic"          # another class: no verdict
 
 
-def test_compile_auto_with_symbolic_m_prints_the_choice_per_m(capsys, monkeypatch, tmp_path):
-    monkeypatch.setenv("GEMMC_TUNING_DB", str(tmp_path / "none.sqlite"))
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+def test_compile_auto_with_symbolic_m_prints_the_choice_per_m(capsys, shipped_only):
     rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "M", "--n", "8192", "--k", "28672")
     assert rc == 0
     lines = [ln for ln in out.splitlines() if ln.startswith("//   M ")]

@@ -6,15 +6,6 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import gemmc
 from gemmc.compiler import CompiledGemm
 from gemmc.m_buckets import BUCKETS, bucket_of, runtime_m
-from gemmc.pretuned import table_for
-
-
-@pytest.fixture
-def shipped_only(monkeypatch, tmp_path):
-    """No tuning DB, no GPU visible: `auto` reads the shipped sm_90a table, then the heuristic."""
-    monkeypatch.setenv("GEMMC_TUNING_DB", str(tmp_path / "none.sqlite"))
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
-    return table_for("sm_90a")
 
 
 def test_buckets_round_m_up_to_a_power_of_two():
