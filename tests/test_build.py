@@ -13,7 +13,7 @@ import gemmc.build as gb
 from gemmc.backends import EmittedKernel
 from gemmc.cache import KernelCache, sha256_file
 from gemmc.compiled import CompiledKernel
-from gemmc.errors import BuildError, LaunchError
+from gemmc.errors import BuildError
 from toy_kernel import toy_emitted, toy_params
 
 
@@ -98,7 +98,6 @@ def test_corrupt_so_is_rebuilt(tmp_path, count_compiles):
 
 
 def test_fake_arguments_share_named_dims():
-    import cutlass.cute as cute
     fakes = gb.fake_arguments(toy_emitted())
     assert len(fakes) == len(toy_params()) + 1          # + the env stream
     x, y, z, w, alpha, stream = fakes
