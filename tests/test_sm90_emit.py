@@ -227,3 +227,10 @@ def test_ptx_has_the_hopper_instructions_the_plan_asks_for(ptx_of, name):
     assert "cp.async.bulk.tensor.1d" not in ptx
     kernels = re.findall(r"^\.visible \.entry|^\.entry", ptx, re.M)
     assert len(kernels) == (2 if plan.scheduler.split_k > 1 else 1)   # split-K adds the reduce kernel
+    # PDL: each kernel waits on the grid dependency, and the main kernel does so before its first TMA
+    bodies = re.split(r"^\.visible \.entry|^\.entry", ptx, flags=re.M)[1:]
+    assert all("griddepcontrol.wait;" in body for body in bodies)
+    main = next(body for body in bodies if "wgmma.mma_async" in body)
+    assert main.index("griddepcontrol.wait;") < main.index("cp.async.bulk.tensor")
+    # only a split-K kernel lets its dependent (the reduce) launch early
+    assert ("griddepcontrol.launch_dependents;" in main) == (plan.scheduler.split_k > 1)

@@ -133,12 +133,15 @@ REDUCE_THREADS = 128
 
 
 def splitk_reduce_source(ops: Sequence[EpilogueOp], inputs: Sequence[EpilogueInput], split_k: int,
-                         out_dtype: DType, name: str = "splitk_reduce_kernel") -> str:
+                         out_dtype: DType, name: str = "splitk_reduce_kernel", pdl: bool = False) -> str:
     """A @cute.kernel: out[m, n, l] = epilogue(sum over s in order of ws[m, n, s * L + l]).
 
     Deterministic: every element is summed by one thread in split order. One CTA row of
     REDUCE_THREADS threads walks N (coalesced); the grid is (ceil(N / REDUCE_THREADS) * M, L).
+    pdl (SM90+): launched as a programmatic dependent of the main kernel, so it waits on the
+    grid dependency (the main kernel's completion and memory flush) before reading the partials.
     """
+    pdl_lines = "    cute.arch.griddepcontrol_wait()   # PDL: the partials are complete and visible after this\n" if pdl else ""
     params = ", ".join(["ws: cute.Tensor", "out: cute.Tensor"] + input_kernel_params(inputs))
     vals = {i.name: input_value_expr(i, "m", "n", "l") for i in inputs}
     math_lines, result = epilogue_math_lines(ops, "acc", vals)
@@ -147,7 +150,7 @@ def splitk_reduce_source(ops: Sequence[EpilogueOp], inputs: Sequence[EpilogueInp
 @cute.kernel
 def {name}({params}):
     """split-K fix-up: sum the {split_k} f32 partials of each element in order, then the epilogue."""
-    tidx, _, _ = cute.arch.thread_idx()
+{pdl_lines}    tidx, _, _ = cute.arch.thread_idx()
     bidx, bidy, _ = cute.arch.block_idx()
     num_m = cute.size(out, mode=[0])
     num_n = cute.size(out, mode=[1])
@@ -165,12 +168,13 @@ def {name}({params}):
 
 
 def splitk_reduce_launch_lines(inputs: Sequence[EpilogueInput], ws: str, out: str, stream: str = "stream",
-                               name: str = "splitk_reduce_kernel") -> list[str]:
-    """Host-side launch of the reduction kernel (ws: (M, N, S*L) view, out: (M, N, L) view)."""
+                               name: str = "splitk_reduce_kernel", pdl: bool = False) -> list[str]:
+    """Host-side launch of the reduction kernel (ws: (M, N, S*L) view, out: (M, N, L) view);
+    pdl: a programmatic dependent launch (the kernel was emitted with pdl=True)."""
     args = ", ".join([ws, out] + input_kernel_args(inputs))
     return [
         f"reduce_m = cute.size({out}, mode=[0])",
         f"reduce_nb = (cute.size({out}, mode=[1]) + {REDUCE_THREADS - 1}) // {REDUCE_THREADS}",
         f"{name}({args}).launch(grid=[reduce_m * reduce_nb, cute.size({out}, mode=[2]), 1], "
-        f"block=[{REDUCE_THREADS}, 1, 1], stream={stream})",
+        f"block=[{REDUCE_THREADS}, 1, 1], stream={stream}{', use_pdl=True' if pdl else ''})",
     ]
