@@ -78,9 +78,9 @@ class MachineModel:
 
 MACHINES = {
     # Latency and fixed costs fitted to the H200 sweeps in bench/data (scripts/fit_heuristic.py): the
-    # heuristic's pick reaches 0.969 of the exhaustive best (geomean over 100 shapes), up from 0.881.
-    "sm_90a": MachineModel(peak_flops=989e12, num_sms=132, dram_bw=4.8e12, l2_bw=23.5e12, l2_bytes=50 << 20,
-                           alu_per_sm=128 * 1.755e9, dram_latency=3.2e-6, t_iter=29.4e-9, t_sync=3.75e-9,
+    # heuristic's pick reaches 0.973 of the exhaustive best (geomean over 100 shapes), up from 0.881.
+    "sm_90a": MachineModel(peak_flops=989e12, num_sms=132, dram_bw=4.8e12, l2_bw=11.75e12, l2_bytes=50 << 20,
+                           alu_per_sm=128 * 1.755e9, dram_latency=3.2e-6, t_iter=10.29e-9, t_sync=15e-9,
                            t_epi=600e-9, t_fix=5.6e-6, t_fill=3e-6),
     "sm_80": MachineModel(peak_flops=312e12, num_sms=108, dram_bw=2.0e12, l2_bw=5e12, l2_bytes=40 << 20,
                           alu_per_sm=64 * 1.41e9, dram_latency=700e-9, t_iter=20e-9, t_sync=0.0,
