@@ -219,6 +219,7 @@ def test_host_overhead(toy):
         "gemmc_call_validated": lambda: toy(x, y, alpha=1.0, out=o),   # named args: Python validator path
         "tvm_ffi_function_raw": lambda: raw(*vals),
         "torch_mm_eager": lambda: torch.mm(a, b),
+        "torch_empty_out": lambda: torch.empty_like(o),
         "torch_add_eager": lambda: torch.add(y, x, alpha=1.0),
     }
     res = {}
@@ -233,8 +234,11 @@ def test_host_overhead(toy):
         Path(report).mkdir(parents=True, exist_ok=True)
         (Path(report) / "host_overhead.json").write_text(json.dumps(res, indent=1))
     assert res["launcher_overhead_over_raw"] < 10.0
-    # allocating the output costs what torch's own allocating call costs (hosts differ: 12-19 us for torch.mm)
-    assert res["gemmc_call_alloc"] < res["torch_mm_eager"] + 5.0
+    # Allocating the output: bounded against our own out= call plus a torch.empty of the output, not
+    # against torch.mm, whose allocating call read 19.4 us on one H200 host and 12.3-12.7 on two others.
+    # Measured: the allocating call costs ~4 us more than out= + torch.empty_like (15.8 vs 9.9 + 1.9 us);
+    # the bound catches a regression beyond that known excess.
+    assert res["gemmc_call_alloc"] < res["gemmc_call_out"] + res["torch_empty_out"] + 6.0
 
 
 def test_gemm_end_to_end_through_the_runtime():
