@@ -48,7 +48,7 @@ def _stages(text: str):
     return text if text == "auto" else int(text)
 
 
-SCHEDULE_FLAGS = ("tile", "cluster", "stages", "mode", "raster", "swizzle", "split_k")
+SCHEDULE_FLAGS = ("tile", "cluster", "stages", "mode", "raster", "swizzle", "split_k", "pdl")
 
 
 def add_problem_and_schedule_args(p) -> None:
@@ -75,6 +75,8 @@ def add_problem_and_schedule_args(p) -> None:
     sch.add_argument("--raster", choices=("m", "n"))
     sch.add_argument("--swizzle", type=int)
     sch.add_argument("--split-k", type=int)
+    sch.add_argument("--no-pdl", dest="pdl", action="store_const", const=False, default=None,
+                     help="plain launches, not programmatic dependent ones (sm_90a; sm_80 kernels always launch plain)")
 
 
 def add_compile_parser(sub) -> None:

@@ -59,6 +59,9 @@ class Schedule:
     swizzle: int = 1
     split_k: int = 1
     arch: str = "sm_90a"
+    # programmatic dependent launch: the prologue overlaps the previous kernel on the stream. sm_90a
+    # only; sm_80 has no griddepcontrol, so there the knob is ignored and kernels launch plain.
+    pdl: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "tile", tuple(int(x) for x in self.tile))
@@ -68,18 +71,23 @@ class Schedule:
             object.__setattr__(self, "stages", int(self.stages))
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """`pdl` appears only when off, so the dicts recorded before it existed (datasets, tuning DBs,
+        the shipped tables) still equal the ones written now; `from_dict` reads a missing key as on."""
+        d = asdict(self)
+        if d["pdl"] is True:
+            del d["pdl"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Schedule":
         return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()})
 
     def short(self) -> str:
-        """Compact id, e.g. '128x256x64_c2x1_coop_s4_rm_sw1_k1'."""
+        """Compact id, e.g. '128x256x64_c2x1_coop_s4_rm_sw1_k1' ('_nopdl' appended when pdl is off)."""
         bm, bn, bk = self.tile
         mode = "coop" if self.mode == "cooperative" else "pp"
         return (f"{bm}x{bn}x{bk}_c{self.cluster[0]}x{self.cluster[1]}_{mode}_s{self.stages}"
-                f"_r{self.raster}_sw{self.swizzle}_k{self.split_k}")
+                f"_r{self.raster}_sw{self.swizzle}_k{self.split_k}" + ("" if self.pdl else "_nopdl"))
 
     def with_(self, **kw) -> "Schedule":
         return replace(self, **kw)
@@ -190,6 +198,8 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
         add("swizzle", s.swizzle, f"use one of {SWIZZLES}")
     if not (isinstance(s.split_k, int) and 1 <= s.split_k <= 16):
         add("split_k", s.split_k, "use an integer from 1 to 16")
+    if not isinstance(s.pdl, bool):
+        add("pdl", s.pdl, "use True (programmatic dependent launch, the default) or False (plain launches)")
     if s.stages != "auto" and s.stages < 2:
         add("stages", s.stages, "use at least 2 (or 'auto')")
     if min(s.tile) <= 0 or min(s.cluster) <= 0:

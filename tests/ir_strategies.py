@@ -72,7 +72,7 @@ def schedules(draw, arch=None):
                   cluster=draw(st.sampled_from([(1, 1), (2, 1), (1, 2), (2, 2)])) if sm90 else (1, 1),
                   stages=draw(st.sampled_from(["auto", 2, 3, 4, 6])), mode=mode,
                   raster=draw(st.sampled_from(["m", "n"])), swizzle=draw(st.sampled_from([1, 2, 4, 8])),
-                  split_k=draw(st.sampled_from([1, 2, 4])))
+                  split_k=draw(st.sampled_from([1, 2, 4])), pdl=draw(st.booleans()))
     if draw(st.integers(0, 2)) == 0:
         bad = draw(st.sampled_from(sorted(ILLEGAL)))
         fields[bad] = draw(st.sampled_from(ILLEGAL[bad]))

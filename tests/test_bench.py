@@ -159,9 +159,10 @@ def test_geomean_lies_between_min_and_max(xs):
 
 @given(st.sampled_from([64, 128, 256]), st.sampled_from([64, 128, 192, 256]), st.sampled_from([32, 64, 128]),
        st.sampled_from([(1, 1), (2, 1), (1, 2), (2, 2)]), st.sampled_from(["auto", 2, 4, 7]), st.sampled_from(MODES),
-       st.sampled_from(RASTERS), st.sampled_from(SWIZZLES), st.sampled_from([1, 2, 4]))
-def test_schedule_short_string_round_trips(bm, bn, bk, cl, stg, mode, raster, sw, sk):
-    s = Schedule((bm, bn, bk), cl, stg, mode, raster, sw, sk)
+       st.sampled_from(RASTERS), st.sampled_from(SWIZZLES), st.sampled_from([1, 2, 4]), st.booleans())
+def test_schedule_short_string_round_trips(bm, bn, bk, cl, stg, mode, raster, sw, sk, pdl):
+    s = Schedule((bm, bn, bk), cl, stg, mode, raster, sw, sk, pdl=pdl)
+    assert s.short().endswith("_nopdl") != pdl
     assert parse_schedule(s.short()) == s
     assert parse_policy(s.short()) == s and policy_name(s) == s.short()
 
@@ -172,6 +173,9 @@ def test_parse_policy_names_and_partial_schedules():
     assert s == Schedule(tile=(128, 256, 64), cluster=(2, 1), mode="cooperative")
     assert parse_policy("64x128_pp_k2").tile == (64, 128, 64)
     assert parse_policy("64x128_pp_k2").split_k == 2
+    assert parse_policy("64x128_k2_nopdl") == Schedule(tile=(64, 128, 64), split_k=2, pdl=False)
+    with pytest.raises(PolicyError, match="pdl given twice"):
+        parse_policy("64x128_nopdl_nopdl")
 
 
 @pytest.mark.parametrize("text, msg", [

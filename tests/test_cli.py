@@ -47,6 +47,15 @@ def test_compile_heuristic_prints_the_final_ir(capsys):
     assert "kernel.tile_scheduler" in out and "!gemmc.tensor<8192 x 8192 x f32, mn>" in out
 
 
+def test_compile_no_pdl_launches_plain(capsys):
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "64", "--n", "4096", "--k", "4096", "--split-k", "2", "--no-pdl")
+    assert rc == 0
+    assert out.startswith("// schedule: 128x128x64_c1x1_coop_sauto_rm_sw1_k2_nopdl (sm_90a)\n")
+    assert "kernel.tile_scheduler persistent true raster m swizzle 1 split_k 2 split_k_mode serial\n" in out
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "64", "--n", "4096", "--k", "4096", "--split-k", "2")
+    assert rc == 0 and "split_k_mode serial pdl true\n" in out
+
+
 def test_compile_emit_source(capsys):
     rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "4096", "--n", "4096", "--k", "4096", "--emit", "source")
     assert rc == 0 and "import cutlass" in out

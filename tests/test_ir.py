@@ -68,6 +68,14 @@ def test_schedule_attr_text():
                          "raster = m, swizzle = 1, split_k = 1, arch = sm_90a>")
 
 
+def test_schedule_attr_says_pdl_only_when_off():
+    off = ScheduleAttr.from_schedule(Schedule(split_k=2, pdl=False))
+    assert str(off).endswith("split_k = 2, arch = sm_90a, pdl = false>")
+    assert parse_attr(str(off)).to_schedule().pdl is False
+    on = parse_attr(str(off).replace("pdl = false", "pdl = true"))
+    assert on == ScheduleAttr.from_schedule(Schedule(split_k=2)) and on.to_schedule().pdl is True
+
+
 def test_schedule_attr_checks_form_only():
     with pytest.raises(VerifyException, match="tile needs 3 sizes"):
         parse_attr("#gemmc.schedule<tile = 128x128, cluster = 1x1, stages = auto, mode = cooperative, "
@@ -221,6 +229,25 @@ def test_kernel_verifier_errors(old, new, msg):
         parse_module(text.replace(old, new, 1))
 
 
+def test_tile_scheduler_pdl_round_trips_and_defaults_to_plain():
+    on = lowered_text()
+    assert "split_k_mode none pdl true\n" in on
+    assert print_module(parse_module(on)) == on
+    plain = on.replace(" pdl true", "")     # the text written before pdl existed
+    module = parse_module(plain)
+    assert plan_from_module(module).scheduler.pdl is False and print_module(module) == plain
+    with pytest.raises(ParseError, match="boolean"):
+        parse_module(on.replace("pdl true", "pdl maybe"))
+
+
+def test_verifier_rejects_pdl_on_sm80():
+    text = lowered_text(GemmSpec(m=4096, n=4096, k=4096), Schedule(tile=(128, 128, 32), arch="sm_80"))
+    line = "split_k 1 split_k_mode none\n"
+    assert line in text and "pdl" not in text
+    with pytest.raises(VerifyException, match="pdl true needs sm_90a .* the kernel is sm_80: drop `pdl true`"):
+        parse_module(text.replace(line, "split_k 1 split_k_mode none pdl true\n", 1))
+
+
 def test_fact_ops_need_a_kernel_parent():
     with pytest.raises(VerifyException, match="kernel.gemm"):
         parse_module("builtin.module {\n  kernel.cluster 2x1\n}\n")
@@ -238,7 +265,7 @@ def test_plan_from_module():
     assert plan.copy("bias") == OperandCopy("bias", "ldg", (1, 256), 0, 1, "", 16)
     assert plan.pipeline == Pipeline(4, ("full", "empty"), 2, (128, 32), 4 * (128 + 256) * 64 * 2 + 2 * 128 * 32 * 2
                                      + 1024)
-    assert plan.scheduler == TileScheduler(True, "m", 1, 1, "none")
+    assert plan.scheduler == TileScheduler(True, "m", 1, 1, "none", pdl=True)
     assert (plan.mma.kind, plan.mma.inst_shape, plan.mma.atom_layout) == ("wgmma", (64, 256, 16), (2, 1, 1))
     assert plan.epilogue.ops == BIAS_GELU.epilogue and plan.epilogue.store == "tma"
     assert (plan.problem.m, plan.problem.n, plan.problem.a_major, plan.problem.b_major) == ("M", 4096, "k", "k")

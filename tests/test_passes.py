@@ -145,7 +145,7 @@ def test_pipeline_auto_stages_come_from_the_resource_model():
     assert (stages, nbytes) == (4, 4 * (128 + 256) * 64 * 2 + 2 * 128 * 32 * 2 + 1024)
     check(text, f"""
         kernel.pipeline stages {stages} barriers [full, empty] epi_stages 2 epi_tile 128x32 smem {nbytes}
-        kernel.tile_scheduler persistent true raster m swizzle 1 split_k 1 split_k_mode none
+        kernel.tile_scheduler persistent true raster m swizzle 1 split_k 1 split_k_mode none pdl true
         kernel.epilogue store tma
     """)
 
@@ -154,16 +154,29 @@ def test_pipeline_given_stages_split_k_and_raster():
     s = Schedule(tile=(128, 128, 64), stages=3, raster="n", swizzle=8, split_k=2, mode="pingpong")
     check(run(SQUARE, s, PIPELINE[:3]), f"""
         kernel.pipeline stages 3 barriers [full, empty] epi_stages 2 epi_tile 64x32 smem {smem_bytes(s, SQUARE)}
-        kernel.tile_scheduler persistent true raster n swizzle 8 split_k 2 split_k_mode serial
+        kernel.tile_scheduler persistent true raster n swizzle 8 split_k 2 split_k_mode serial pdl true
     """)
+
+
+def test_pipeline_tile_scheduler_launch_follows_the_schedules_pdl():
+    s = Schedule(tile=(128, 128, 64), split_k=2, pdl=False)
+    text = run(SQUARE, s, PIPELINE[:3])
+    check(text, """
+        kernel.tile_scheduler persistent true raster m swizzle 1 split_k 2 split_k_mode serial
+        kernel.epilogue store tma
+    """)
+    assert " pdl" not in text.split("kernel.tile_scheduler")[1].splitlines()[0]
 
 
 def test_pipeline_sm80():
     s = Schedule(tile=(128, 128, 32), arch="sm_80")
-    check(run(SQUARE, s, PIPELINE[:3]), f"""
+    assert s.pdl    # the default; sm_80 has no griddepcontrol, so the lowering ignores it
+    text = run(SQUARE, s, PIPELINE[:3])
+    check(text, f"""
         kernel.pipeline stages 5 barriers [cp.async.group] epi_stages 0 epi_tile 128x128 smem {smem_bytes(s, SQUARE)}
         kernel.tile_scheduler persistent false raster m swizzle 1 split_k 1 split_k_mode none
     """)
+    assert "pdl" not in text.split("kernel.tile_scheduler")[1].splitlines()[0]
 
 
 # ---- ordering, idempotence -------------------------------------------------------------------
@@ -258,9 +271,11 @@ def test_valid_schedules_lower_to_kernels_that_pass_verify_resources(spec, sched
     assert plan.pipeline.smem_bytes == smem_bytes(schedule, spec)
     assert plan.pipeline.stages == resolve_stages(schedule, spec)
     assert plan.cluster == schedule.cluster and plan.tile == schedule.tile
+    assert plan.scheduler.pdl == (schedule.pdl and schedule.arch == "sm_90a")
 
 
-# ---- tests/filecheck/*.mlir: `// RUN: passes`, then `// CHECK:` lines (in order) or `// ERROR:` lines ----
+# ---- tests/filecheck/*.mlir: `// RUN: passes`, then `// CHECK:` lines (in order, `// CHECK-NOT:` nowhere) ----
+# ---- or `// ERROR:` lines ----
 
 FILECHECK = sorted((__import__("pathlib").Path(__file__).parent / "filecheck").glob("*.mlir"))
 
@@ -280,3 +295,5 @@ def test_filecheck(path, capsys):
     else:
         assert rc == 0, err
         check(out, "\n".join(directive("CHECK")))
+        for unwanted in directive("CHECK-NOT"):
+            assert unwanted not in out, f"{unwanted!r} should not be in:\n{out}"

@@ -1,11 +1,14 @@
 """Properties of the one validity predicate (gemmc.schedule.check_schedule) and the schedule space."""
+import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gemmc import EpilogueInput, EpilogueOp, GemmSpec, Ref, Schedule, ScheduleError, check_schedule, is_valid
+from gemmc.bench.dataset import load_dataset, record_schedule
 from gemmc.schedule import (ARCH_LIMITS, ScheduleSpace, accumulator_regs, enumerate_schedules, max_stages,
                             require_valid, resolve_stages, smem_bytes)
 
@@ -178,3 +181,38 @@ def test_split_k_stages_f32_partials_through_the_epilogue_smem():
     assert epilogue_smem_bytes(split, spec) == 2 * epilogue_smem_bytes(plain, spec)
     assert smem_bytes(split, spec) <= ARCH_LIMITS["sm_90a"].smem_bytes
     assert resolve_stages(split, spec) == 4 and resolve_stages(plain, spec) == 5
+
+
+# ---- pdl (programmatic dependent launch): on by default, off by choice, never searched --------------
+
+def test_pdl_off_is_a_suffix_of_the_id_and_a_key_of_the_dict():
+    on = Schedule(tile=(128, 256, 64), cluster=(2, 1), stages=4, raster="n", swizzle=8, split_k=2)
+    off = on.with_(pdl=False)
+    assert on.short() == "128x256x64_c2x1_coop_s4_rn_sw8_k2"
+    assert off.short() == "128x256x64_c2x1_coop_s4_rn_sw8_k2_nopdl"
+    assert on.to_dict() == {"tile": (128, 256, 64), "cluster": (2, 1), "stages": 4, "mode": "cooperative",
+                            "raster": "n", "swizzle": 8, "split_k": 2, "arch": "sm_90a"}
+    assert off.to_dict() == {**on.to_dict(), "pdl": False}
+    assert Schedule.from_dict(on.to_dict()) == on and Schedule.from_dict(off.to_dict()) == off
+    assert Schedule.from_dict(json.loads(json.dumps(off.to_dict()))) == off
+
+
+def test_recorded_schedules_without_pdl_load_as_pdl_on():
+    from gemmc.pretuned import DATA_DIR, table_from_json
+    shipped = json.loads((Path(DATA_DIR) / "h200.json").read_text())
+    table = table_from_json(shipped)
+    assert table.entries and all(e.schedule.pdl for e in table.entries.values())
+    assert json.loads(json.dumps(table.to_json())) == shipped     # written back unchanged: no pdl key
+    _, records = load_dataset(Path(__file__).parents[1] / "bench" / "data" / "2026-11-30-h200-sweep-splitk.jsonl.gz")
+    for rec in records[:50]:
+        s = record_schedule(rec)
+        assert "pdl" not in rec["schedule"] and s.pdl
+        assert json.loads(json.dumps(s.to_dict())) == rec["schedule"]
+
+
+def test_pdl_must_be_a_bool_and_is_not_searched():
+    assert check_schedule(Schedule(pdl=False), SPEC) == []
+    assert check_schedule(Schedule((128, 128, 32), arch="sm_80", pdl=False), SPEC) == []
+    assert limits(Schedule(pdl="no")) == {"pdl"}
+    for arch in ("sm_90a", "sm_80"):
+        assert all(s.pdl for s in enumerate_schedules(SPEC, arch))

@@ -113,6 +113,7 @@ def test_compile_arch_from_environment(monkeypatch):
     (lambda p: replace(p, arch="sm_90a"), "arch"),
     (lambda p: replace(p, mma=replace(p.mma, kind="wgmma", inst_shape=(64, 128, 16))), "mma.sync"),
     (lambda p: replace(p, cluster=(2, 1)), "cluster"),
+    (lambda p: replace(p, scheduler=replace(p.scheduler, pdl=True)), "griddepcontrol"),
     (lambda p: replace(p, mma=replace(p.mma, atom_layout=(4, 2, 1))), "atom layout"),
     (lambda p: replace(p, pipeline=replace(p.pipeline, stages=1)), "stages"),
     (lambda p: replace(p, epilogue=replace(p.epilogue, store="tma")), "store"),

@@ -61,6 +61,7 @@ def test_every_plan_fact_is_a_constant_of_the_source(tile, cluster, raster, swiz
     assert int(c["SPLIT_K"]) == split_k
     assert c["MMA_INST_MN"] == str(tuple(plan.mma.inst_shape[:2]))
     assert c["MMA_ATOM_LAYOUT"] == str(tuple(plan.mma.atom_layout))
+    assert c["PDL"] == "True" and plan.scheduler.pdl
     sw = {128: "SW128", 64: "SW64", 32: "SW32"}
     assert c["A_SMEM_ATOM"].endswith("K_" + sw[plan.copy("a").swizzle_bytes])
     assert c["C_SMEM_ATOM"].endswith("_" + sw[plan.copy("c").swizzle_bytes])
@@ -115,6 +116,20 @@ def test_full_input_copy_kind_follows_the_plan():
 def test_static_dims_stay_numbers():
     k = emit(plan_of(GemmSpec(m="M", n=4096, k=1024)))
     assert [p.shape for p in k.params] == [("M", 1024), (4096, 1024), ("M", 4096)]
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_pdl_follows_the_plans_tile_scheduler(split_k):
+    spec = GemmSpec(m="M", n=4096, k=1024)
+    on, off = emit(plan_of(spec, split_k=split_k)).source, emit(plan_of(spec, split_k=split_k, pdl=False)).source
+    assert constants(on)["PDL"] == "True" and constants(off)["PDL"] == "False"
+    # the reduce kernel waits and launches as a dependent only under PDL
+    assert on.count("griddepcontrol_wait()") == 1 + (split_k > 1) and off.count("griddepcontrol_wait()") == 1
+    assert ("use_pdl=True" in on) == (split_k > 1) and "use_pdl=True" not in off
+    assert "use_pdl=PDL" in on and "use_pdl=PDL" in off     # the main launch reads the fact
+    assert on.replace("PDL = True", "PDL = False").replace(
+        "    cute.arch.griddepcontrol_wait()   # PDL: the partials are complete and visible after this\n", "").replace(
+        ", use_pdl=True", "") == off
 
 
 def test_bad_plans_are_refused():
@@ -193,6 +208,7 @@ COMPILES = {
                         dict(cluster=(2, 1))),
     "pingpong_1x2": (GemmSpec(batch="L"), dict(cluster=(1, 2), mode="pingpong")),
     "splitk_1x1_static_nk": (GemmSpec(m="M", n=4096, k=1024), dict(split_k=3)),
+    "splitk_1x1_nopdl": (GemmSpec(m="M", n=4096, k=1024), dict(split_k=3, pdl=False)),
     # a static extent of 1 must not collapse a TMA copy to 1-D (it faulted on the H200)
     "pingpong_static_m1": (GemmSpec(m=1, n=6144, k=4096), dict(tile=(64, 192, 64), mode="pingpong", split_k=4)),
 }
@@ -227,10 +243,14 @@ def test_ptx_has_the_hopper_instructions_the_plan_asks_for(ptx_of, name):
     assert "cp.async.bulk.tensor.1d" not in ptx
     kernels = re.findall(r"^\.visible \.entry|^\.entry", ptx, re.M)
     assert len(kernels) == (2 if plan.scheduler.split_k > 1 else 1)   # split-K adds the reduce kernel
-    # PDL: each kernel waits on the grid dependency, and the main kernel does so before its first TMA
+    # PDL (the plan's tile scheduler says so): each kernel waits on the grid dependency, and the main
+    # kernel does so before its first TMA; a plain plan has no griddepcontrol at all
     bodies = re.split(r"^\.visible \.entry|^\.entry", ptx, flags=re.M)[1:]
-    assert all("griddepcontrol.wait;" in body for body in bodies)
     main = next(body for body in bodies if "wgmma.mma_async" in body)
+    if not plan.scheduler.pdl:
+        assert "griddepcontrol" not in ptx
+        return
+    assert all("griddepcontrol.wait;" in body for body in bodies)
     assert main.index("griddepcontrol.wait;") < main.index("cp.async.bulk.tensor")
     # only a split-K kernel lets its dependent (the reduce) launch early
     assert ("griddepcontrol.launch_dependents;" in main) == (plan.scheduler.split_k > 1)

@@ -3,8 +3,9 @@
 Fixed schedules use the same tokens as `Schedule.short()`, joined by `_`, in any order after the tile:
     128x256x64_c2x1_coop            tile, cluster, mode (the rest default)
     128x128x64_c1x1_pp_s4_rn_sw8_k2  + stages, raster, swizzle, split-K
+    128x128x64_k2_nopdl             plain launches (no programmatic dependent launch)
 Tokens: `BMxBN[xBK]` tile (BK defaults to 64), `cMxN` cluster, `coop|cooperative|pp|pingpong`,
-`sN|sauto` stages, `rm|rn` raster, `swN` swizzle, `kN` split-K.
+`sN|sauto` stages, `rm|rn` raster, `swN` swizzle, `kN` split-K, `nopdl` (pdl off).
 """
 from __future__ import annotations
 
@@ -56,9 +57,11 @@ def parse_schedule(text: str, arch: str = "sm_90a") -> Schedule:
             put("raster", m[1], tok)
         elif m := re.match(r"^k(\d+)$", tok):
             put("split_k", int(m[1]), tok)
+        elif tok == "nopdl":
+            put("pdl", False, tok)
         else:
             raise PolicyError(f"schedule {text!r}: unknown token {tok!r}; use cMxN (cluster), coop|pp (mode), "
-                              "sN (stages), rm|rn (raster), swN (swizzle), kN (split-K)")
+                              "sN (stages), rm|rn (raster), swN (swizzle), kN (split-K), nopdl (plain launches)")
     return Schedule(**fields)
 
 

@@ -3,13 +3,14 @@
   !gemmc.tensor<M x K x bf16, mk>     an operand: dims (static ints or symbolic names), dtype, layout
   #gemmc.schedule<tile = 128x128x64, cluster = 2x1, stages = auto, mode = cooperative,
                   raster = m, swizzle = 1, split_k = 1, arch = sm_90a>
+                                      (`, pdl = false` follows arch when PDL is off)
 """
 from __future__ import annotations
 
 import re
 from typing import Union
 
-from xdsl.dialects.builtin import ArrayAttr, IntAttr, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, BoolAttr, IntAttr, StringAttr
 from xdsl.ir import Dialect, ParametrizedAttribute, TypeAttribute
 from xdsl.irdl import irdl_attr_definition
 from xdsl.parser import AttrParser
@@ -170,19 +171,20 @@ class ScheduleAttr(ParametrizedAttribute):
     swizzle: IntAttr
     split_k: IntAttr
     arch: StringAttr
+    pdl: BoolAttr               # printed only when false, like Schedule.short()'s "_nopdl"
 
     @staticmethod
     def from_schedule(s: Schedule) -> "ScheduleAttr":
         return ScheduleAttr(ints_attr(s.tile), ints_attr(s.cluster), StringAttr(str(s.stages)),
                             StringAttr(s.mode), StringAttr(s.raster), IntAttr(int(s.swizzle)),
-                            IntAttr(int(s.split_k)), StringAttr(s.arch))
+                            IntAttr(int(s.split_k)), StringAttr(s.arch), BoolAttr.from_bool(bool(s.pdl)))
 
     def to_schedule(self) -> Schedule:
         stages = self.stages.data
         return Schedule(tile=ints_value(self.tile), cluster=ints_value(self.cluster),
                         stages=stages if stages == "auto" else int(stages), mode=self.mode.data,
                         raster=self.raster.data, swizzle=self.swizzle.data, split_k=self.split_k.data,
-                        arch=self.arch.data)
+                        arch=self.arch.data, pdl=bool(self.pdl.value.data))
 
     def verify(self) -> None:
         if len(self.tile.data) != 3:
@@ -207,6 +209,8 @@ class ScheduleAttr(ParametrizedAttribute):
                     printer.print_string(str(value.data))
                 else:
                     print_word(printer, value.data)
+            if not self.pdl.value.data:
+                printer.print_string(", pdl = false")
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser):
@@ -226,7 +230,12 @@ class ScheduleAttr(ParametrizedAttribute):
                     values[f] = StringAttr(str(n) if n is not None else parse_word(parser, f))
                 else:
                     values[f] = StringAttr(parse_word(parser, f))
-        return tuple(values[f] for f in SCHEDULE_FIELDS)
+            pdl = True      # absent: on (the text written before pdl existed)
+            if parser.parse_optional_punctuation(","):
+                parser.parse_keyword("pdl")
+                parser.parse_punctuation("=")
+                pdl = parser.parse_boolean()
+        return (*(values[f] for f in SCHEDULE_FIELDS), BoolAttr.from_bool(pdl))
 
 
 Gemmc = Dialect("gemmc", [], [TensorType, ScheduleAttr])

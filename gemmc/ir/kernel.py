@@ -11,7 +11,7 @@
     kernel.copy b tma box 64x64 swizzle 128 multicast 2 along m
     kernel.copy c tma_store box 128x32 swizzle 64 multicast 1
     kernel.pipeline stages 6 barriers [full, empty] epi_stages 2 epi_tile 128x32 smem 214016   // pipeline-staging
-    kernel.tile_scheduler persistent true raster m swizzle 1 split_k 1 split_k_mode none
+    kernel.tile_scheduler persistent true raster m swizzle 1 split_k 1 split_k_mode none pdl true
     kernel.epilogue store tma {
     ^bb0(%acc: f32):
       gemm.yield %acc
@@ -258,11 +258,12 @@ class PipelineOp(FactOp):
 
 @irdl_op_definition
 class TileSchedulerOp(FactOp):
-    """Which CTA computes which output tile: persistence, raster order, swizzle, split-K."""
+    """Which CTA computes which output tile: persistence, raster order, swizzle, split-K; and whether
+    the kernels launch as programmatic dependents (pdl: griddepcontrol, sm_90a only; absent = plain)."""
     name = "kernel.tile_scheduler"
     FIELDS: ClassVar[tuple] = (("persistent", "persistent", "bool", _REQUIRED), ("raster", "raster", "word", _REQUIRED),
               ("swizzle", "swizzle", "int", _REQUIRED), ("split_k", "split_k", "int", _REQUIRED),
-              ("split_k_mode", "split_k_mode", "word", _REQUIRED))
+              ("split_k_mode", "split_k_mode", "word", _REQUIRED), ("pdl", "pdl", "bool", False))
 
     def check(self) -> None:
         v = self.values()
@@ -375,6 +376,10 @@ class KernelGemmOp(GemmSignature):
             threads = 32 * sum(w.get("warps") for w in wgs)
             if threads != self.threads.data:
                 raise VerifyException(f"kernel.gemm: threads {self.threads.data} but the warpgroups have {threads}")
+        sched = self.fact(TileSchedulerOp)
+        if sched is not None and sched.get("pdl") and self.arch.data != "sm_90a":
+            raise VerifyException(f"kernel.tile_scheduler: pdl true needs sm_90a (griddepcontrol), but the kernel "
+                                  f"is {self.arch.data}: drop `pdl true` (sm_80 kernels launch plain)")
         for copy in self.ops_of(CopyOp):
             names = {"a", "b", "c"} | {arg_name(x) for x in self.inputs}
             if copy.get("operand") not in names:

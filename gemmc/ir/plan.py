@@ -65,6 +65,7 @@ class TileScheduler:                    # lowering of the schedule (pipeline-sta
     swizzle: int                        # group size along the raster's slow dim
     split_k: int
     split_k_mode: str = "none"          # "none" | "serial" (deterministic fix-up through a workspace)
+    pdl: bool = False                   # programmatic dependent launch (griddepcontrol; sm_90a only)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""pipeline-staging: the A/B ring depth and its barriers, the epilogue staging, and the tile scheduler.
+"""pipeline-staging: the A/B ring depth and its barriers, the epilogue staging, and the tile scheduler
+(with the launch kind: programmatic dependent launch when the schedule asks for it, on sm_90a).
 
 Stages come from gemmc.schedule.resolve_stages ("auto": as many as fit after the epilogue's share
 of shared memory); the byte count from gemmc.schedule.smem_bytes. Nothing is recomputed here."""
@@ -26,8 +27,10 @@ def pipeline(s: Schedule, spec: GemmSpec) -> PipelineOp:
 
 
 def tile_scheduler(s: Schedule) -> TileSchedulerOp:
+    # PDL needs griddepcontrol (sm_90a); on sm_80 the schedule's pdl is ignored and kernels launch plain
     return TileSchedulerOp.make(persistent=s.arch == "sm_90a", raster=s.raster, swizzle=s.swizzle,
-                                split_k=s.split_k, split_k_mode="serial" if s.split_k > 1 else "none")
+                                split_k=s.split_k, split_k_mode="serial" if s.split_k > 1 else "none",
+                                pdl=s.pdl and s.arch == "sm_90a")
 
 
 @dataclass(frozen=True)

@@ -20,3 +20,4 @@ builtin.module {
 // CHECK: kernel.pipeline stages 5 barriers [cp.async.group] epi_stages 0 epi_tile 128x256 smem 123904
 // CHECK: kernel.tile_scheduler persistent false raster n swizzle 1 split_k 2 split_k_mode serial
 // CHECK: kernel.epilogue store direct
+// CHECK-NOT: pdl

@@ -25,7 +25,7 @@ builtin.module {
 // CHECK:   kernel.copy c tma_store box 128x32 swizzle 64
 // CHECK:   kernel.copy bias ldg box 1x256 swizzle 0
 // CHECK:   kernel.pipeline stages 4 barriers [full, empty] epi_stages 2 epi_tile 128x32 smem 214016
-// CHECK:   kernel.tile_scheduler persistent true raster m swizzle 8 split_k 1 split_k_mode none
+// CHECK:   kernel.tile_scheduler persistent true raster m swizzle 8 split_k 1 split_k_mode none pdl true
 // CHECK:   kernel.epilogue store tma {
 // CHECK:     %0 = gemm.add %acc, %bias_1
 // CHECK:     %1 = gemm.gelu_tanh %0

@@ -58,6 +58,8 @@ def _check_plan(plan: KernelPlan) -> None:
         bad(f"MMA {plan.mma.kind} {plan.mma.inst_shape}", "SM80 plans use mma.sync (16, 8, 16)")
     if tuple(plan.cluster) != (1, 1):
         bad(f"cluster {plan.cluster}", "SM80 has no thread-block clusters: use (1, 1)")
+    if plan.scheduler.pdl:
+        bad("tile scheduler says pdl", "SM80 has no griddepcontrol: its kernels launch plain (pdl False)")
     if any(w.role != "uniform" for w in plan.warpgroups):
         bad(f"warpgroup roles {[w.role for w in plan.warpgroups]}", "SM80 plans use uniform warps only")
     if p.a_dtype != p.b_dtype or p.a_dtype not in (DType.bf16, DType.f16):

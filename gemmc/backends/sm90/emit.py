@@ -10,11 +10,12 @@ decision is made here or in the kernel. Blocks by role:
   epilogue  : the plan's epilogue DAG on the accumulators, cast, registers -> smem -> TMA store;
               full inputs whose plan copy is "tma" are TMA-loaded into smem per epilogue sub-tile,
               the others (copy "ldg", row/col vectors) are read from global memory per element
-Launches are programmatic dependent launches (PDL): the kernel's prologue (barrier init, descriptor
-prefetch) overlaps the previous kernel on the stream, and it waits on the grid dependency before its
-first global memory access. Only the plan's mode is emitted (`resolve_mode`). Split-K (plan.scheduler.split_k > 1): the main kernel
-stores f32 partials to the workspace and the shared reduce kernel (backends/common.py) applies the
-epilogue; both launch from the same host function. The PTX comes from compiling with
+Where the plan's tile scheduler says pdl, launches are programmatic dependent launches (PDL): the
+kernel's prologue (barrier init, descriptor prefetch) overlaps the previous kernel on the stream, and it
+waits on the grid dependency before its first global memory access. Only the plan's mode is emitted
+(`resolve_mode`). Split-K (plan.scheduler.split_k > 1): the main kernel stores f32 partials to the
+workspace and the shared reduce kernel (backends/common.py) applies the epilogue; both launch from the
+same host function. The PTX comes from compiling with
 `--keep-ptx --dump-dir <dir>` (the compiled object's `__ptx__`; see gemmc/build.py).
 """
 from __future__ import annotations
@@ -166,7 +167,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         SPLIT_K = $split_k                      # tile scheduler: split-K factor ($sk_mode)
         MAX_ACTIVE_CLUSTERS = $max_clusters     # persistent grid: SMs / CTAs per cluster
         SMEM_BYTES = $smem_bytes                # pipeline-staging: shared memory budget
-        PDL = True                              # programmatic dependent launch: the prologue overlaps the previous kernel
+        PDL = $pdl                              # tile scheduler: pdl (programmatic dependent launch)
     ''', a_dtype=dsl_type(p.a_dtype), b_dtype=dsl_type(p.b_dtype), acc_dtype=dsl_type(p.acc_dtype),
         store_dtype=dsl_type(store_dtype),
         a_major="K" if p.a_major == "k" else "MN", a_major_s=p.a_major,
@@ -182,7 +183,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         inst_m=plan.mma.inst_shape[0], inst_n=plan.mma.inst_shape[1], inst=plan.mma.inst_shape,
         atom_layout=tuple(plan.mma.atom_layout), raster_m=plan.scheduler.raster == "m", raster=plan.scheduler.raster,
         swizzle=plan.scheduler.swizzle, split_k=sk, sk_mode=plan.scheduler.split_k_mode,
-        max_clusters=_max_clusters(plan), smem_bytes=plan.pipeline.smem_bytes)
+        max_clusters=_max_clusters(plan), smem_bytes=plan.pipeline.smem_bytes, pdl=plan.scheduler.pdl)
 
     staged = tma_inputs(plan, main_inputs)
     for i in staged:
@@ -260,7 +261,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     if sk > 1:
         reduce_lines = (["# split-K fix-up: deterministic in-order sum of the partials + the epilogue"]
                         + input_view_lines(inputs, batched)
-                        + splitk_reduce_launch_lines(inputs, "ws_mnl", "out_mnl", pdl=True))
+                        + splitk_reduce_launch_lines(inputs, "ws_mnl", "out_mnl", pdl=plan.scheduler.pdl))
 
     host = _block('''
         # ==== host: views, TMA atoms, scheduler params, launch ========================================
@@ -330,7 +331,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     kernel = _kernel_source(plan, main_ops, main_inputs, pingpong, sk)
     parts = [header, facts, host, kernel]
     if sk > 1:
-        parts.append(splitk_reduce_source(ops, inputs, sk, p.out_dtype, pdl=True).strip("\n"))
+        parts.append(splitk_reduce_source(ops, inputs, sk, p.out_dtype, pdl=plan.scheduler.pdl).strip("\n"))
     source = resolve_mode("\n\n\n".join(parts), pingpong)
     source = "\n".join(ln.rstrip() for ln in source.split("\n")) + "\n"
     return EmittedKernel(arch="sm_90a", source=source, entry=entry, params=params, compile_arch="sm_90a")
