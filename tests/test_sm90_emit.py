@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from gemmc.backends import emit as emit_any
-from gemmc.backends.common import epilogue_math_lines
+from gemmc.backends.common import epilogue_math_lines, splitk_reduce
 from gemmc.backends.sm90 import emit
 from gemmc.compiler import lower
 from gemmc.errors import BuildError
@@ -131,6 +131,20 @@ def test_pdl_follows_the_plans_tile_scheduler(split_k):
         "    cute.arch.griddepcontrol_wait()   # PDL: the partials are complete and visible after this\n", "").replace(
         ", use_pdl=True", "") == off
 
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_splitk_reduce_kernel_and_launch_come_from_one_pdl(pdl):
+    inputs = (EpilogueInput("bias", "row"), EpilogueInput("alpha", "scalar"))
+    ops = (EpilogueOp("mul", (A(), I("alpha"))), EpilogueOp("add", (N(0), I("bias"))))
+    r = splitk_reduce(ops, inputs, 2, DType.bf16, "ws_mnl", "out_mnl", pdl=pdl)
+    assert ("griddepcontrol_wait()" in r.source) == pdl
+    assert ("use_pdl=True" in r.launch_lines[-1]) == pdl
+    # the launch passes exactly the kernel's params, in order
+    params = re.search(r"def splitk_reduce_kernel\((.*)\):", r.source).group(1)
+    args = re.search(r"splitk_reduce_kernel\((.*?)\)\.launch", r.launch_lines[-1]).group(1)
+    assert [q.split(":")[0] for q in params.split(", ")] == ["ws", "out", "bias_v", "alpha"]
+    assert args.split(", ") == ["ws_mnl", "out_mnl", "bias_v", "alpha"]
 
 def test_bad_plans_are_refused():
     plan = plan_of(GemmSpec())

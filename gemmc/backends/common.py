@@ -2,8 +2,8 @@
 
 - `epilogue_math_lines`: the plan's epilogue DAG as straight-line CuTe DSL scalar code (f32 math).
 - `input_view_lines` / `input_value_expr`: how epilogue inputs are viewed on the host and read per element.
-- `splitk_reduce_source` / `splitk_reduce_launch_lines`: the deterministic split-K reduction kernel that
-  sums the f32 partials in split order, applies the epilogue and writes the output.
+- `splitk_reduce`: the deterministic split-K reduction kernel that sums the f32 partials in split
+  order, applies the epilogue and writes the output, with its host launch.
 
 Everything here returns source text (lines without trailing newlines); the backends paste it into the
 module they emit. Conventions of the emitted code: `import cutlass`, `import cutlass.cute as cute`;
@@ -12,6 +12,7 @@ index `s * L + l`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from ..spec import EpilogueInput, EpilogueOp, Ref
@@ -132,8 +133,27 @@ def input_kernel_args(inputs: Sequence[EpilogueInput], suffix: str = "_v") -> li
 REDUCE_THREADS = 128
 
 
-def splitk_reduce_source(ops: Sequence[EpilogueOp], inputs: Sequence[EpilogueInput], split_k: int,
-                         out_dtype: DType, name: str = "splitk_reduce_kernel", pdl: bool = False) -> str:
+@dataclass(frozen=True)
+class SplitKReduce:
+    """The reduce kernel's source and the host lines that launch it."""
+    source: str
+    launch_lines: tuple[str, ...]
+
+
+def splitk_reduce(ops: Sequence[EpilogueOp], inputs: Sequence[EpilogueInput], split_k: int, out_dtype: DType,
+                  ws: str, out: str, stream: str = "stream", name: str = "splitk_reduce_kernel",
+                  pdl: bool = False) -> SplitKReduce:
+    """The split-K reduction kernel and its launch (ws: (M, N, S*L) view, out: (M, N, L) view).
+
+    Built together from one `pdl` (and one `inputs`) so the kernel's grid-dependency wait and the
+    launch's use_pdl, and the kernel's params and the launch's args, cannot disagree.
+    """
+    return SplitKReduce(_reduce_kernel_source(ops, inputs, split_k, out_dtype, name, pdl),
+                        tuple(_reduce_launch_lines(inputs, ws, out, stream, name, pdl)))
+
+
+def _reduce_kernel_source(ops: Sequence[EpilogueOp], inputs: Sequence[EpilogueInput], split_k: int,
+                          out_dtype: DType, name: str, pdl: bool) -> str:
     """A @cute.kernel: out[m, n, l] = epilogue(sum over s in order of ws[m, n, s * L + l]).
 
     Deterministic: every element is summed by one thread in split order. One CTA row of
@@ -167,10 +187,9 @@ def {name}({params}):
 '''
 
 
-def splitk_reduce_launch_lines(inputs: Sequence[EpilogueInput], ws: str, out: str, stream: str = "stream",
-                               name: str = "splitk_reduce_kernel", pdl: bool = False) -> list[str]:
-    """Host-side launch of the reduction kernel (ws: (M, N, S*L) view, out: (M, N, L) view);
-    pdl: a programmatic dependent launch (the kernel was emitted with pdl=True)."""
+def _reduce_launch_lines(inputs: Sequence[EpilogueInput], ws: str, out: str, stream: str, name: str,
+                         pdl: bool) -> list[str]:
+    """Host-side launch of the reduction kernel; pdl: a programmatic dependent launch."""
     args = ", ".join([ws, out] + input_kernel_args(inputs))
     return [
         f"reduce_m = cute.size({out}, mode=[0])",

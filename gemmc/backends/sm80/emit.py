@@ -20,7 +20,7 @@ from ...ir.plan import KernelPlan
 from ...types import DType
 from .. import EmittedKernel, Param
 from ..common import (dsl_type, epilogue_math_lines, input_kernel_args, input_kernel_params,
-                      input_value_expr, input_view_lines, splitk_reduce_launch_lines, splitk_reduce_source)
+                      input_value_expr, input_view_lines, splitk_reduce)
 
 ENTRY = "gemm_sm80"
 # The kernel uses only sm_80 instructions; sm_90a builds the same code for Hopper (no A100 here).
@@ -432,7 +432,9 @@ def _source(plan: KernelPlan, params: tuple[Param, ...]) -> str:
 
     out = [_header(plan), _HELPERS]
     if split:
-        out.append(splitk_reduce_source(ep.ops, inputs, plan.scheduler.split_k, p.out_dtype))
+        # sm_80 has no PDL: the reduce kernel launches plain, after the main kernel on the stream
+        reduce = splitk_reduce(ep.ops, inputs, plan.scheduler.split_k, p.out_dtype, "mW", "mC")
+        out.append(reduce.source)
 
     # ---- kernel
     out.append("\n@cute.kernel")
@@ -484,5 +486,5 @@ def _source(plan: KernelPlan, params: tuple[Param, ...]) -> str:
     out.append(f"    gemm_kernel({', '.join(kargs)}).launch(")
     out.append("        grid=[tiles, SPLIT_K, num_l], block=[THREADS, 1, 1], stream=stream)")
     if split:
-        out += ["    " + ln for ln in splitk_reduce_launch_lines(inputs, "mW", "mC")]
+        out += ["    " + ln for ln in reduce.launch_lines]
     return "\n".join(out) + "\n"

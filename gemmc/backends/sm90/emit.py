@@ -28,7 +28,7 @@ from ...ir.plan import KernelPlan
 from ...types import DType
 from .. import EmittedKernel, Param
 from ..common import (dsl_type, epilogue_math_lines, input_kernel_args, input_kernel_params,
-                      input_value_expr, input_view_lines, splitk_reduce_launch_lines, splitk_reduce_source)
+                      input_value_expr, input_view_lines, splitk_reduce)
 
 _SWIZZLE_KIND = {128: "SW128", 64: "SW64", 32: "SW32", 0: "INTER"}
 
@@ -259,9 +259,9 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         kernel_in_args += [f"tma_{nm}", f"tma_{nm}_mnl", f"{nm}_smem"]
     reduce_lines = []
     if sk > 1:
+        reduce = splitk_reduce(ops, inputs, sk, p.out_dtype, "ws_mnl", "out_mnl", pdl=plan.scheduler.pdl)
         reduce_lines = (["# split-K fix-up: deterministic in-order sum of the partials + the epilogue"]
-                        + input_view_lines(inputs, batched)
-                        + splitk_reduce_launch_lines(inputs, "ws_mnl", "out_mnl", pdl=plan.scheduler.pdl))
+                        + input_view_lines(inputs, batched) + list(reduce.launch_lines))
 
     host = _block('''
         # ==== host: views, TMA atoms, scheduler params, launch ========================================
@@ -331,7 +331,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     kernel = _kernel_source(plan, main_ops, main_inputs, pingpong, sk)
     parts = [header, facts, host, kernel]
     if sk > 1:
-        parts.append(splitk_reduce_source(ops, inputs, sk, p.out_dtype, pdl=plan.scheduler.pdl).strip("\n"))
+        parts.append(reduce.source.strip("\n"))
     source = resolve_mode("\n\n\n".join(parts), pingpong)
     source = "\n".join(ln.rstrip() for ln in source.split("\n")) + "\n"
     return EmittedKernel(arch="sm_90a", source=source, entry=entry, params=params, compile_arch="sm_90a")
@@ -601,11 +601,7 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
                 mma_next.arrive()
                 epi_next.arrive()
                 # work unit 0 belongs to warpgroup 0: skip its stages
-                first = tile_sched.get_current_work()
-                if first.is_valid_tile:
-                    for _ in range(k_tiles_of(first.tile_idx[2], k_tile_total, num_l)):
-                        read_state.advance()
-                        release_state.advance()
+                $skip_first
                 tile_sched.advance_to_next_work()
         work = tile_sched.get_current_work()
         num_tiles_done = 0
@@ -643,11 +639,7 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
                 mma_next.arrive()
                 # skip the stages of the other warpgroup's next tile
                 tile_sched.advance_to_next_work()
-                other = tile_sched.get_current_work()
-                if other.is_valid_tile:
-                    for _ in range(k_tiles_of(other.tile_idx[2], k_tile_total, num_l)):
-                        read_state.advance()
-                        release_state.advance()
+                $skip_other
 
             $epi_math
 
@@ -686,8 +678,21 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
     ''', split_decode=_indent(split_decode.splitlines(), 4), epi_math=_indent_tail(epi_math, 4),
         staged_setup=("epi_bar = epi_load_bar + (consumer_wg if PINGPONG else 0)\nepi_phase = cutlass.Int32(0)"
                       if staged else ""),
-        staged_loop=_indent(staged_loop.splitlines(), 8))
+        staged_loop=_indent(staged_loop.splitlines(), 8),
+        skip_first=_indent_tail(_skip_stages("first"), 8), skip_other=_indent_tail(_skip_stages("other"), 8))
     return _indent(body.splitlines(), 8)
+
+
+def _skip_stages(work: str) -> str:
+    """Ping-pong: step both stage counters past the k-tiles of work unit `work` (the other WG's).
+    One template for the first work unit and for the one after each main loop, so they cannot drift."""
+    return _block('''
+        $w = tile_sched.get_current_work()
+        if $w.is_valid_tile:
+            for _ in range(k_tiles_of($w.tile_idx[2], k_tile_total, num_l)):
+                read_state.advance()
+                release_state.advance()
+    ''', w=work)
 
 
 def resolve_mode(source: str, pingpong: bool) -> str:
