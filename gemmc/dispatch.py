@@ -6,7 +6,9 @@ within 2x) or else the trained policy, or else a farther neighbour; 4. the shipp
 (same N, K, M within 2x); 5. the analytic heuristic. A plain GEMM goes to torch.matmul when cuBLAS was
 measured faster on this exact problem (the DB's or the table's), or on the table's neighbour, or (at the
 heuristic step) at most of the 3 nearest shapes the table measured; a fused epilogue never does (cuBLAS
-would need extra passes to match it). `resolve_auto` reads the DB and never writes it: it is a function
+would need extra passes to match it). "Measured faster" is the paired verdict: cuBLAS and gemmc timed in
+the same runs (gemmc.search.db), for the DB the geometric mean over the best schedule's rows; torch.matmul
+runs exactly when that speed-up is below 1. `resolve_auto` reads the DB and never writes it: it is a function
 of (spec, arch, db contents, shipped tables); `pretuned=False` (or GEMMC_PRETUNED=0) leaves the tables out.
 """
 from __future__ import annotations
@@ -121,6 +123,18 @@ def _pretuned_decision(table, spec: GemmSpec) -> Optional[tuple[Decision, bool]]
                     detail=detail), exact
 
 
+def _db_decision(e, plain: bool) -> Decision:
+    """The DB's best of this exact problem (a gemmc.search.db.BestEntry); torch.matmul for a plain GEMM
+    whose paired speed-up is below 1."""
+    slower = e.speedup is not None and e.speedup < 1.0
+    where = f"{e.n_measured} measured, {e.gpu_name}"
+    if e.speedup is None:
+        return Decision(e.schedule, "db", detail=f"{e.time_us:.2f} us, no paired cuBLAS time ({where})")
+    return Decision(e.schedule, "db", use_cublas=slower and plain,
+                    detail=f"paired {e.speedup:.3f}x: {e.time_us:.2f} us vs cuBLAS {e.cublas_us:.2f} us, "
+                           f"geomean of {e.n_rows} row{'s' if e.n_rows > 1 else ''} ({where})")
+
+
 def _heuristic_decision(conc: Optional[GemmSpec], spec: GemmSpec, arch: str, table) -> Decision:
     """The heuristic's schedule; for a plain GEMM on a GPU with a shipped table, torch.matmul when cuBLAS
     won at most of the nearest measured shapes (gemmc.pretuned.PretunedTable.predicted_cublas_faster)."""
@@ -146,12 +160,7 @@ def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, 
         if tdb is not None:
             exact = tdb.best(conc, arch, gpu_name)
             if exact is not None and is_valid(exact.schedule, conc):
-                faster = exact.cublas_us is not None and exact.cublas_us < exact.time_us
-                plain = not conc.has_epilogue
-                return Decision(exact.schedule, "db", use_cublas=bool(faster and plain),
-                                detail=f"{exact.time_us:.2f} us vs cuBLAS "
-                                       f"{exact.cublas_us if exact.cublas_us is not None else float('nan'):.2f} us "
-                                       f"({exact.n_measured} measured, {exact.gpu_name})")
+                return _db_decision(exact, plain=not conc.has_epilogue)
         if shipped is not None and shipped[1]:
             return shipped[0]
         if tdb is not None:

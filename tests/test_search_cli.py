@@ -1,4 +1,5 @@
-"""`gemmc-search`: simulate --json, synth, report/export/import/train-policy round trip."""
+"""`gemmc-search`: simulate --json, synth, report/export/import/train-policy round trip, tune and its
+confirm phase."""
 import json
 import os
 import subprocess
@@ -62,6 +63,7 @@ def test_report_export_import_round_trip(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "128x4096x4096" in text and cands[1].short() in text
     assert "25.00" in text and "1.120" in text          # speedup 28 / 25
+    assert "paired" in text and "geomean paired speedup over cuBLAS: 1.120x over 1 problems" in text
     assert main(["--db", str(a), "export", str(tmp_path / "x.json.gz")]) == 0
     b = tmp_path / "b.sqlite"
     assert main(["--db", str(b), "import", str(tmp_path / "x.json.gz")]) == 0
@@ -70,6 +72,7 @@ def test_report_export_import_round_trip(tmp_path, capsys):
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 1 and rows[0]["time_us"] == 25.0 and gemmc.Schedule.from_dict(rows[0]["schedule"]) == cands[1]
     assert abs(rows[0]["speedup"] - 28.0 / 25.0) < 1e-9
+    assert rows[0]["paired"] and rows[0]["rows"] == 1 and rows[0]["measured"] == 3
     assert TuningDB(b).load_policy() is not None
 
 
@@ -106,7 +109,7 @@ def test_tune_writes_every_measurement_and_resumes(tmp_path, capsys):
     shapes = [Shape(64, 4096, 4096), Shape(2048, 2048, 2048)]
     runner = _FakeRunner()
     kw = dict(dtype="bf16", arch="sm_90a", strategy="bayes", batch=3, db=db, builder=_InlineBuilder(),
-              runner=runner, gpu_name="fake", progress=False)
+              runner=runner, gpu_name="fake", progress=False, confirm=0)
     tune_shapes(shapes, budget=5, **kw)
     assert db.count() == 10
     summary = tune_shapes(shapes, budget=8, symbolic=True, **kw)   # resume: 3 more per shape, none repeated
@@ -117,4 +120,97 @@ def test_tune_writes_every_measurement_and_resumes(tmp_path, capsys):
     assert runner.calls == sum(r["error"] is None for r in db.rows())
     print_summary(summary)
     out = capsys.readouterr().out
-    assert "64x4096x4096" in out and "geomean speedup over cuBLAS" in out
+    assert "64x4096x4096" in out and "geomean paired speedup over cuBLAS" in out and "same runs" in out
+
+
+def _drifting(fail_at=None):
+    """A measure_fn whose GPU warms up: gemmc and cuBLAS slow down together, 1% per measurement.
+    fail_at: raise KeyboardInterrupt on that call (1-based), like a run killed mid-measurement."""
+    from gemmc.search.synthetic import model_time_us
+    calls = []
+
+    def measure(spec, s, arch):
+        if fail_at is not None and len(calls) + 1 == fail_at:
+            raise KeyboardInterrupt
+        calls.append(s)
+        heat = 1.0 + 0.01 * len(calls)
+        return Measurement(s, model_time_us(s, spec) * heat, None, cublas_us=25.0 * heat)
+    return measure, calls
+
+
+def _tune(db, measure, budget=6, confirm=3):
+    from gemmc.bench.suites import Shape
+    from gemmc.search.cli import tune_shapes
+    from gemmc.search.runner import Runner
+    shape = Shape(64, 4096, 4096)
+    tune_shapes([shape], dtype="bf16", arch="sm_90a", strategy="bayes", budget=budget, batch=2, db=db,
+                builder=_InlineBuilder(), runner=Runner(measure_fn=measure), gpu_name="fake", progress=False,
+                confirm=confirm)
+    return gemmc.GemmSpec(shape.m, shape.n, shape.k)
+
+
+def _split(db):
+    search = [r for r in db.rows() if r["strategy"] != "confirm"]
+    confirm = [r for r in db.rows() if r["strategy"] == "confirm"]
+    return search, confirm
+
+
+def test_confirm_re_measures_the_best_schedules_once_and_resume_skips_them(tmp_path):
+    from gemmc.search.db import CONFIRM
+    db = TuningDB(tmp_path / "t.sqlite")
+    measure, calls = _drifting()
+    spec = _tune(db, measure)
+    search, confirm = _split(db)
+    assert len(search) == 6 and len({r["schedule"] for r in search}) == 6      # the budget: search rows only
+    top3 = [f.schedule for f in db.ranked_schedules(spec, "sm_90a", "fake", search_only=True)[:3]]
+    assert [gemmc.Schedule.from_dict(json.loads(r["schedule"])) for r in confirm] == top3
+    assert all(r["error"] is None and r["cublas_us"] for r in confirm)
+    assert calls[-3:] == top3 and len(calls) == sum(r["error"] is None for r in search) + 3
+    assert {f.schedule for f in db.ranked_schedules(spec, "sm_90a", "fake") if f.n_rows == 2} == set(top3)
+    assert db.best(spec, "sm_90a", "fake").n_measured == len(calls)
+
+    again, calls2 = _drifting()
+    _tune(db, again)                       # the same run again: nothing to search, nothing to confirm
+    assert calls2 == [] and db.count() == 9
+
+    # a bigger budget: the search goes on (6 distinct schedules stored, 2 to go), then the new top 3
+    # are confirmed, each schedule at most once
+    before = db.confirmed(spec, "sm_90a", "fake")
+    more, calls3 = _drifting()
+    _tune(db, more, budget=8)
+    search, confirm = _split(db)
+    assert len(search) == 8 and len({r["schedule"] for r in search}) == 8
+    top3 = {f.schedule for f in db.ranked_schedules(spec, "sm_90a", "fake", search_only=True)[:3]}
+    new = [gemmc.Schedule.from_dict(json.loads(r["schedule"])) for r in confirm[3:]]
+    assert set(new) == top3 - before and len(new) == len(set(new)) and new == calls3[len(calls3) - len(new):]
+    assert {r["strategy"] for r in confirm} == {CONFIRM}
+
+
+def test_a_run_killed_while_confirming_resumes_with_the_missing_confirmations(tmp_path):
+    whole = TuningDB(tmp_path / "whole.sqlite")
+    measure, calls = _drifting()
+    spec = _tune(whole, measure)
+    killed = TuningDB(tmp_path / "killed.sqlite")
+    dying, _ = _drifting(fail_at=len(calls) - 1)          # dies measuring the 2nd confirmation
+    with pytest.raises(KeyboardInterrupt):
+        _tune(killed, dying)
+    assert len(_split(killed)[1]) == 1
+    resumed, calls2 = _drifting()
+    _tune(killed, resumed)
+    assert calls2 == calls[-2:]                            # just the two missing confirmations
+    assert [(r["schedule"], r["time_us"]) for r in _split(killed)[0]] == \
+        [(r["schedule"], r["time_us"]) for r in _split(whole)[0]]           # the search was not redone
+    assert whole.confirmed(spec, "sm_90a", "fake") == killed.confirmed(spec, "sm_90a", "fake")
+    assert killed.count() == whole.count()
+
+
+def test_confirm_zero_turns_it_off_and_negative_is_refused(tmp_path, capsys):
+    from gemmc.search.cli import _parser
+    db = TuningDB(tmp_path / "t.sqlite")
+    measure, calls = _drifting()
+    _tune(db, measure, confirm=0)
+    assert _split(db)[1] == [] and db.count() == 6
+    assert _parser().parse_args(["tune", "--suite", "llm"]).confirm == 3
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["tune", "--suite", "llm", "--confirm", "-1"])
+    assert "0 turns it off" in capsys.readouterr().err

@@ -1,4 +1,6 @@
-"""The tuning DB: what it stores, the best-per-problem view, crash safety and resume, export/import."""
+"""The tuning DB: what it stores, the paired verdict, schema-1 files, crash safety and resume, export/import."""
+import json
+import math
 import os
 import signal
 import sqlite3
@@ -10,12 +12,17 @@ from pathlib import Path
 import pytest
 
 import gemmc
-from gemmc.search.db import TuningDB, default_path, epilogue_class, problem_key
-from gemmc.search.strategy import Measurement, SearchProblem
+from gemmc.search.db import (CONFIRM, SCHEMA_VERSION, TuningDB, _COLUMNS, default_path, epilogue_class,
+                             problem_fields, problem_key)
+from gemmc.search.strategy import Measurement, SearchProblem, schedule_key
 from gemmc.spec import EpilogueInput, EpilogueOp, Ref
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = gemmc.GemmSpec(256, 1024, 512)
+BIG = gemmc.GemmSpec(16384, 8192, 8192)
+BIAS = gemmc.GemmSpec(256, 1024, 512, inputs=(EpilogueInput("bias", "row"),),
+                      epilogue=(EpilogueOp("add", (Ref.acc(), Ref.input("bias"))),))
+GPU = "NVIDIA H200"
 
 
 def _sched(i):
@@ -47,10 +54,165 @@ def test_record_keeps_every_field_and_best_view(tmp_path):
     best = db.best(SPEC, "sm_90a", "H200")
     assert best.schedule == _sched(1) and best.time_us == 9.0
     assert best.cublas_us == 10.5 and best.n_measured == 2 and abs(best.speedup - 10.5 / 9.0) < 1e-12
-    assert db.best(SPEC, "sm_90a").gpu_name == "H100"          # fastest over GPUs without a name
-    view = db.conn.execute("SELECT COUNT(*) FROM best_per_problem").fetchone()[0]
-    assert view == 2                                             # one row per (problem, GPU)
+    # without a name, the GPU with the best paired verdict (H200 1.167x), not the fastest one (H100 8 us)
+    assert db.best(SPEC, "sm_90a").gpu_name == "H200"
+    assert len(db.best_all()) == 2                               # one entry per (problem, GPU)
     assert {m.schedule for m in db.prior(SPEC, "sm_90a", "H200")} == {_sched(i) for i in range(3)}
+
+
+def _geomean(xs):
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
+# A tune of one large problem while the GPU heats up: both clocks slow down together, so each row's
+# ratio is sound, but the early (cool) rows have the lowest times of gemmc and of cuBLAS alike.
+DRIFT = [(0, 100.0, 95.0),     # cool: gemmc 0.95x of cuBLAS in its own run
+         (1, 103.0, 96.0),     # cool: 0.93x
+         (2, 118.0, 125.0),    # hot: 1.059x, the best schedule
+         (3, 121.0, 124.0)]    # hot: 1.025x
+
+
+def _record_drift(db, spec=BIG):
+    c = SearchProblem.of(spec).candidates
+    for i, t, cub in DRIFT:
+        db.record(spec, "sm_90a", Measurement(c[i], t, None, cub), GPU, "bayes")
+    return c
+
+
+def test_the_verdict_is_paired_under_thermal_drift(tmp_path):
+    db = TuningDB(tmp_path / "t.sqlite")
+    c = _record_drift(db)
+    e = db.best(BIG, "sm_90a", GPU)
+    # the min-time rule picked schedule 0 and judged it against the coolest cuBLAS row: 95 / 100 = 0.95x
+    assert e.schedule == c[2] and e.time_us == 118.0 and e.cublas_us == 125.0
+    assert e.speedup == 125.0 / 118.0 > 1.0 and e.n_rows == 1 and e.n_measured == 4
+    assert [f.schedule for f in db.ranked_schedules(BIG, "sm_90a", GPU)] == [c[2], c[3], c[0], c[1]]
+
+
+def test_repeats_of_a_schedule_count_by_their_geometric_mean(tmp_path):
+    db = TuningDB(tmp_path / "t.sqlite")
+    c = SearchProblem.of(BIG).candidates
+    db.record(BIG, "sm_90a", Measurement(c[0], 100.0, None, 120.0), GPU)    # 1.20x: a lucky run
+    db.record(BIG, "sm_90a", Measurement(c[1], 100.0, None, 104.5), GPU)    # 1.045x
+    db.record(BIG, "sm_90a", Measurement(c[0], 110.0, None, 99.0), GPU)     # 0.90x: schedule 0 again
+    # schedule 0: geomean 1.039 < 1.045 (its best row, 1.2, or its mean, 1.05, would have won)
+    e = db.best(BIG, "sm_90a", GPU)
+    assert e.schedule == c[1] and e.speedup == 104.5 / 100.0 and e.n_rows == 1 and e.n_measured == 3
+    db.record(BIG, "sm_90a", Measurement(c[0], 105.0, None, 120.75), GPU)   # 1.15x: geomean now 1.075
+    e = db.best(BIG, "sm_90a", GPU)
+    assert e.schedule == c[0] and e.n_rows == 3 and e.n_measured == 4
+    assert e.time_us == pytest.approx(_geomean([100.0, 110.0, 105.0]), rel=1e-12)
+    assert e.cublas_us == pytest.approx(_geomean([120.0, 99.0, 120.75]), rel=1e-12)
+    assert e.speedup == pytest.approx(_geomean([1.2, 0.9, 1.15]), rel=1e-12)
+    assert e.speedup == e.cublas_us / e.time_us
+
+
+def test_rows_without_cublas_rank_by_time(tmp_path):
+    db = TuningDB(tmp_path / "t.sqlite")
+    c = SearchProblem.of(BIAS).candidates
+    db.record(BIAS, "sm_90a", Measurement(c[0], 40.0), GPU)          # epilogue rows: no cuBLAS beside them
+    db.record(BIAS, "sm_90a", Measurement(c[1], 45.0), GPU)
+    db.record(BIAS, "sm_90a", Measurement(c[0], 60.0), GPU)          # schedule 0 again: geomean 49 us
+    e = db.best(BIAS, "sm_90a", GPU)
+    assert e.schedule == c[1] and e.time_us == 45.0 and e.cublas_us is None and e.speedup is None
+    db.record(BIAS, "sm_90a", Measurement(c[2], 44.0), GPU)
+    assert db.best(BIAS, "sm_90a", GPU).schedule == c[2]
+    # on a plain problem, a row without a paired cuBLAS time (other runs' clocks) never beats paired ones
+    p = SearchProblem.of(SPEC).candidates
+    db.record(SPEC, "sm_90a", Measurement(p[0], 30.0), GPU)
+    db.record(SPEC, "sm_90a", Measurement(p[1], 50.0, None, 52.0), GPU)
+    e = db.best(SPEC, "sm_90a", GPU)
+    assert e.schedule == p[1] and e.speedup == 52.0 / 50.0 and e.n_measured == 2
+
+
+def test_ranked_schedules_and_confirmed(tmp_path):
+    db = TuningDB(tmp_path / "t.sqlite")
+    c = _record_drift(db)
+    db.record(BIG, "sm_90a", Measurement(c[3], 100.0, None, 140.0), GPU, CONFIRM)   # 1.4x on re-measure
+    db.record(BIG, "sm_90a", Measurement(c[1], None, "check: mismatch"), GPU, CONFIRM)
+    assert db.ranked_schedules(BIG, "sm_90a", GPU)[0].schedule == c[3]
+    assert [f.schedule for f in db.ranked_schedules(BIG, "sm_90a", GPU, search_only=True)][:2] == [c[2], c[3]]
+    assert db.confirmed(BIG, "sm_90a", GPU) == {c[3], c[1]}
+    assert db.confirmed(BIG, "sm_90a", "H100") == set()
+
+
+_SCHEMA_V1 = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS measurements (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, problem TEXT NOT NULL,
+    m INTEGER NOT NULL, n INTEGER NOT NULL, k INTEGER NOT NULL, batch INTEGER,
+    dtype TEXT NOT NULL, out_dtype TEXT NOT NULL, acc_dtype TEXT NOT NULL,
+    a_layout TEXT NOT NULL, b_layout TEXT NOT NULL, epilogue_class TEXT NOT NULL,
+    arch TEXT NOT NULL, gpu_name TEXT NOT NULL, schedule TEXT NOT NULL,
+    time_us REAL, cublas_us REAL, compile_s REAL, error TEXT,
+    strategy TEXT, gemmc_version TEXT NOT NULL, created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS measurements_problem ON measurements (problem, gpu_name);
+CREATE VIEW IF NOT EXISTS best_per_problem AS
+    SELECT * FROM (
+        SELECT measurements.*,
+               MIN(cublas_us) OVER (PARTITION BY problem, gpu_name) AS cublas_best_us,
+               COUNT(*) OVER (PARTITION BY problem, gpu_name) AS n_measured,
+               ROW_NUMBER() OVER (PARTITION BY problem, gpu_name ORDER BY time_us, id) AS rank
+        FROM measurements WHERE error IS NULL AND time_us IS NOT NULL
+    ) WHERE rank = 1;
+CREATE TABLE IF NOT EXISTS policies (
+    name TEXT PRIMARY KEY, blob BLOB NOT NULL, feature_spec TEXT NOT NULL,
+    trained_shapes INTEGER, gemmc_version TEXT NOT NULL, created_at REAL NOT NULL
+);
+INSERT INTO meta VALUES ('schema_version', '1');
+"""
+
+
+def _schema_v1_file(path):
+    """A tuning DB as gemmc wrote it before the paired verdict, holding the drift rows."""
+    conn = sqlite3.connect(str(path))
+    conn.executescript(_SCHEMA_V1)
+    c = SearchProblem.of(BIG).candidates
+    for n, (i, t, cub) in enumerate(DRIFT):
+        row = {"problem": problem_key(BIG, "sm_90a"), **problem_fields(BIG, "sm_90a"), "gpu_name": GPU,
+               "schedule": schedule_key(c[i]), "time_us": t,
+               "cublas_us": cub, "compile_s": 1.0, "error": None, "strategy": "bayes", "gemmc_version": "0.old",
+               "created_at": 1000.0 + n}
+        conn.execute(f"INSERT INTO measurements ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
+                     [row[k] for k in _COLUMNS])
+    conn.commit()
+    conn.close()
+    return c
+
+
+def test_a_schema_1_file_opens_read_only_and_migrates_on_write(tmp_path):
+    path = tmp_path / "old.sqlite"
+    c = _schema_v1_file(path)
+    conn = sqlite3.connect(str(path))                 # what the old view decided: the cool row, 0.95x
+    old = conn.execute("SELECT schedule, time_us, cublas_best_us FROM best_per_problem").fetchone()
+    conn.close()
+    assert gemmc.Schedule.from_dict(json.loads(old[0])) == c[0] and old[2] / old[1] == 0.95
+    ro = TuningDB.open_existing(path)                 # a lookup (dispatch) leaves the file as it is
+    e = ro.best(BIG, "sm_90a", GPU)
+    assert e.schedule == c[2] and e.speedup == 125.0 / 118.0
+    ro.close()
+    views = "SELECT name FROM sqlite_master WHERE type = 'view'"
+    conn = sqlite3.connect(str(path))
+    assert [r[0] for r in conn.execute(views)] == ["best_per_problem"]
+    conn.close()
+    db = TuningDB(path)                               # a writer migrates: the min-time view goes
+    assert db.conn.execute(views).fetchall() == []
+    assert db.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    assert db.count() == 4 and db.best(BIG, "sm_90a", GPU).schedule == c[2]
+    db.record(BIG, "sm_90a", Measurement(c[2], 119.0, None, 120.0), GPU, CONFIRM)
+    assert len(db.prior(BIG, "sm_90a", GPU)) == 4
+    db.close()
+    assert TuningDB(path).count() == 5                # reopening is a no-op
+
+
+def test_a_newer_schema_is_left_alone(tmp_path):
+    db = TuningDB(tmp_path / "t.sqlite")
+    db.conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    db.conn.commit()
+    db.close()
+    db = TuningDB(tmp_path / "t.sqlite")
+    assert db.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "99"
 
 
 def test_epilogue_class_separates_problems():

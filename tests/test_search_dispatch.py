@@ -49,6 +49,38 @@ def test_exact_match_and_cublas_fallback(db):
     assert d.schedule == c[9] and d.source == "db" and not d.use_cublas
 
 
+def test_the_fallback_follows_the_paired_verdict_under_drift(db):
+    """A tune during which the GPU heats up: the early rows are cool for gemmc and cuBLAS alike."""
+    big = gemmc.GemmSpec(16384, 8192, 8192)
+    c = _cands(big)
+    for i, t, cub in [(0, 100.0, 95.0), (1, 103.0, 96.0), (2, 118.0, 125.0), (3, 121.0, 124.0)]:
+        db.record(big, "sm_90a", Measurement(c[i], t, None, cub), "H200")
+    # fastest row (100 us) vs the fastest cuBLAS row (95 us) would run torch.matmul; schedule 2 beat
+    # cuBLAS in its own runs by 1.059x
+    d = resolve_auto(big, "sm_90a", db=db)
+    assert d.schedule == c[2] and not d.use_cublas and "paired 1.059x" in d.detail
+
+
+def test_torch_matmul_exactly_when_the_paired_speedup_is_below_1(db):
+    c = _cands(SPEC)
+    db.record(SPEC, "sm_90a", Measurement(c[1], 45.0, None, 45.0), "H200")          # 1.000x: a tie keeps gemmc
+    d = resolve_auto(SPEC, "sm_90a", db=db)
+    assert d.schedule == c[1] and not d.use_cublas
+    db.record(SPEC, "sm_90a", Measurement(c[1], 50.0, None, 49.0), "H200")          # repeat: geomean 0.990x
+    e = db.best(SPEC, "sm_90a", "H200")
+    assert e.schedule == c[1] and e.n_rows == 2 and e.speedup < 1.0
+    d = resolve_auto(SPEC, "sm_90a", db=db)
+    assert d.schedule == c[1] and d.use_cublas and "geomean of 2 rows" in d.detail
+    # one lucky row of another schedule (1.04x) beats it; repeats of it at 0.97x bring it back under 1
+    db.record(SPEC, "sm_90a", Measurement(c[2], 50.0, None, 52.0), "H200")
+    assert not resolve_auto(SPEC, "sm_90a", db=db).use_cublas
+    db.record(SPEC, "sm_90a", Measurement(c[2], 50.0, None, 48.5), "H200")
+    db.record(SPEC, "sm_90a", Measurement(c[2], 50.0, None, 48.5), "H200")
+    e = db.best(SPEC, "sm_90a", "H200")
+    d = resolve_auto(SPEC, "sm_90a", db=db)
+    assert d.schedule == e.schedule == c[2] and e.speedup < 1.0 and d.use_cublas     # 0.993x
+
+
 def test_epilogue_never_falls_back_to_cublas(db):
     c = _cands(BIAS)
     db.record(BIAS, "sm_90a", Measurement(c[3], 60.0, None, 40.0), "H200")
@@ -105,6 +137,8 @@ def test_decisions_are_always_valid_and_fallback_only_on_exact_plain(tmp_path_fa
     assert is_valid(d.schedule, spec)
     if d.use_cublas:
         assert d.source == "db" and not epi and cublas < 40.0
+    if d.source == "db" and not epi:
+        assert d.use_cublas == (cublas < 40.0)               # the paired speed-up cublas / 40 below 1
     exact = (m, n, k) in [(128, 4096, 4096), (1024, 1024, 1024), (64, 512, 4096)] and not epi
     assert (d.source == "db") == exact
 

@@ -6,6 +6,12 @@
   gemmc-search train-policy
   gemmc-search simulate --data bench/data/<dataset> --strategy all --budget 4,8,16,32 --seeds 20 [--json]
   gemmc-search synth bench/data/synthetic.jsonl.gz     (a synthetic dataset, for CPU development)
+
+The verdict is paired: each measurement times gemmc and cuBLAS interleaved in the same CUDA-graph
+runs, and a problem's best schedule is the one with the highest geometric mean of cuBLAS / gemmc over
+its own measurements (problems with no cuBLAS time, such as fused epilogues, rank by time). That
+figure decides schedule="auto"'s fallback to torch.matmul. After each shape's search, `tune`
+re-measures the best --confirm schedules once more, so the verdict rests on repeats.
 """
 from __future__ import annotations
 
@@ -28,6 +34,16 @@ def _budgets(text: str) -> list[int]:
     return out
 
 
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a whole number >= 0 (0 turns it off)")
+    return n
+
+
 def _strategies(text: str) -> list[str]:
     names = list(STRATEGIES) if text == "all" else [x.strip() for x in text.split(",") if x.strip()]
     bad = [n for n in names if n not in STRATEGIES]
@@ -42,7 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--db", help="tuning database (default: $GEMMC_TUNING_DB or <cache dir>/tuning.sqlite)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    t = sub.add_parser("tune", help="search schedules on the GPU and store every measurement")
+    t = sub.add_parser("tune", help="search schedules on the GPU and store every measurement",
+                       description="Search each shape's schedules (--budget of them), then re-measure the "
+                                   "--confirm best once more. Every measurement times gemmc and cuBLAS "
+                                   "interleaved in the same runs; the final table ranks schedules by that "
+                                   "paired speedup (geometric mean over a schedule's measurements). A killed "
+                                   "run resumes from the database.")
     src = t.add_mutually_exclusive_group(required=True)
     src.add_argument("--suite", help="a bench suite: square, llm, cuda-l2")
     src.add_argument("--shapes", help="a file of 'M N K' lines")
@@ -50,7 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--dtype", default="bf16")
     t.add_argument("--arch", default="sm_90a")
     t.add_argument("--strategy", default="bayes", choices=STRATEGIES)
-    t.add_argument("--budget", type=int, default=24, help="measurements per shape (stored ones count: resume)")
+    t.add_argument("--budget", type=int, default=24,
+                   help="schedules measured per shape by the search (stored ones count: resume)")
+    t.add_argument("--confirm", type=_count, default=3, metavar="N",
+                   help="then re-measure the N best schedules of each shape once more (extra to --budget; a "
+                        "resumed run skips those stored); 0: no confirmation")
     t.add_argument("--batch", type=int, default=4, help="schedules proposed and compiled together")
     t.add_argument("--workers", type=int, default=4, help="compile worker processes")
     t.add_argument("--compile-timeout", type=float, default=600.0)
@@ -59,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--symbolic", action="store_true",
                    help="compile each schedule once for symbolic M, N, K (shared by every shape)")
 
-    r = sub.add_parser("report", help="what is tuned, and the speed-ups over cuBLAS")
+    r = sub.add_parser("report", help="what is tuned, and the paired speed-ups over cuBLAS")
     r.add_argument("--json", action="store_true")
 
     e = sub.add_parser("export", help="write every measurement and the policy to FILE (gzipped JSON)")
@@ -102,44 +127,61 @@ def _geomean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+PAIRED_NOTE = """\
+paired = cuBLAS us / gemmc us, timed interleaved in the same runs; gemmc us, cuBLAS us and paired are
+geometric means over the best schedule's `rows` measurements. The best schedule is the one with the
+highest paired speedup (the fastest where no cuBLAS time was paired)."""
+
+
+def _geomean_line(sps: list[float], what: str) -> str:
+    return (f"geomean paired speedup over cuBLAS: {_geomean(sps):.3f}x{what}; with the cuBLAS fallback: "
+            f"{_geomean([max(1.0, s) for s in sps]):.3f}x")
+
+
 def cmd_report(args) -> int:
     db = _db(args)
     rows = db.best_all()
     if args.json:
         print(json.dumps([{**e.fields, "gpu": e.gpu_name, "schedule": e.schedule.to_dict(), "time_us": e.time_us,
-                           "cublas_us": e.cublas_us, "speedup": e.speedup, "measured": e.n_measured}
+                           "cublas_us": e.cublas_us, "speedup": e.speedup, "paired": e.cublas_us is not None,
+                           "rows": e.n_rows, "measured": e.n_measured}
                           for e in rows]))
         return 0
     if not rows:
         print(f"{db.path}: nothing tuned yet (gemmc-search tune ...)")
         return 0
     print(f"{db.path}: {db.count()} measurements, {len(rows)} tuned problems")
-    print(f"{'shape':>20} {'dtype':>5} {'epilogue':>10} {'gemmc us':>10} {'cuBLAS us':>10} {'speedup':>8} "
-          f"{'n':>4}  schedule")
+    print(f"{'shape':>20} {'dtype':>5} {'epilogue':>10} {'gemmc us':>10} {'cuBLAS us':>10} {'paired':>8} "
+          f"{'rows':>4} {'n':>4}  schedule")
     for e in rows:
         f = e.fields
         sp = f"{e.speedup:.3f}" if e.speedup else "-"
         cub = f"{e.cublas_us:.2f}" if e.cublas_us else "-"
         shape = f"{f['m']}x{f['n']}x{f['k']}" + (f" L{f['batch']}" if f['batch'] else "")
         print(f"{shape:>20} {f['dtype']:>5} {f['epilogue_class'][:10]:>10} {e.time_us:10.2f} "
-              f"{cub:>10} {sp:>8} {e.n_measured:4d}  {e.schedule.short()}")
+              f"{cub:>10} {sp:>8} {e.n_rows:4d} {e.n_measured:4d}  {e.schedule.short()}")
     sps = [e.speedup for e in rows if e.speedup]
     if sps:
-        print(f"geomean speedup over cuBLAS: {_geomean(sps):.3f}x (with cuBLAS fallback: "
-              f"{_geomean([max(1.0, s) for s in sps]):.3f}x)")
+        print(_geomean_line(sps, f" over {len(sps)} problems"))
+    print(f"{PAIRED_NOTE} n = the problem's successful measurements.")
     return 0
 
 
 def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, batch: int, db, builder, runner,
-                gpu_name: str, seed: int = 0, progress: bool = True, symbolic: bool = False) -> list:
+                gpu_name: str, seed: int = 0, progress: bool = True, symbolic: bool = False,
+                confirm: int = 3) -> list:
     """Tune every shape (resuming from what `db` holds); [(shape, BestEntry | None)].
 
     symbolic: compile each schedule once for symbolic M, N, K (one kernel serves every shape, as in
-    the bench's sweep) instead of once per static shape."""
+    the bench's sweep) instead of once per static shape.
+    confirm: once a shape's search budget is spent, re-measure its `confirm` best schedules (paired
+    verdict over the search's rows, so the pick does not depend on confirmations already made) once
+    more each, stored with strategy "confirm". Those rows are extra to `budget` (which counts distinct
+    schedules), and a resumed run measures only the confirmations not stored yet."""
     from tqdm import tqdm
 
     from ..spec import GemmSpec
-    from .strategy import Measurement, SearchProblem, make_strategy, run_search
+    from .strategy import SearchProblem, make_strategy, run_search
     kw = {}
     if strategy == "rl":
         kw["policy"] = db.load_policy()
@@ -147,49 +189,70 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
             raise SystemExit(f"{db.path} holds no policy: tune with another strategy first, or "
                              "`gemmc-search import` one, or `gemmc-search train-policy`")
     strat = make_strategy(strategy, seed=seed, **kw)
-    bar = tqdm(total=len(shapes) * budget, desc=f"tune ({strategy})", unit="meas", file=sys.stderr,
+    bar = tqdm(total=len(shapes) * (budget + confirm), desc=f"tune ({strategy})", unit="meas", file=sys.stderr,
                dynamic_ncols=True, disable=not progress)
     summary = []
     for sh in shapes:
         spec = GemmSpec(sh.m, sh.n, sh.k, dtype=dtype)
         problem = SearchProblem.of(spec, arch)
-        prior = db.prior(spec, arch, gpu_name)
+        prior = db.prior(spec, arch, gpu_name)       # one per schedule: confirm rows add none
         bar.update(min(len(prior), budget))
         bar.set_postfix_str(str(sh))
 
         kspec = spec.with_dims(m="M", n="N", k="K") if symbolic else spec
 
-        def evaluate(schedules, spec=spec, kspec=kspec):
-            out = []
-            for b in builder.build(kspec, schedules, arch):
-                if not b.ok:
-                    m = Measurement(b.schedule, None, b.error, compile_s=b.compile_s)
-                else:
-                    r = runner.measure(spec, b.schedule, arch, kspec)
-                    m = Measurement(b.schedule, r.time_us, r.error, r.cublas_us, b.compile_s)
-                db.record(spec, arch, m, gpu_name, strategy)   # one transaction each
-                bar.update(1)
-                out.append(m)
-            return out
+        def evaluate(schedules, label=strategy, spec=spec, kspec=kspec):
+            return _build_and_measure(schedules, spec, kspec, arch, builder, runner, db, gpu_name, label, bar)
 
         run_search(strat, problem, evaluate, budget=max(0, budget - len(prior)), batch=batch, prior=prior)
+        if confirm > 0:
+            bar.set_postfix_str(f"{sh} confirm")
+            _confirm(spec, arch, gpu_name, confirm, db, bar, evaluate)
         summary.append((sh, db.best(spec, arch, gpu_name)))
     bar.close()
     return summary
 
 
+def _build_and_measure(schedules, spec, kspec, arch, builder, runner, db, gpu_name, label, bar) -> list:
+    from .strategy import Measurement
+    out = []
+    for b in builder.build(kspec, schedules, arch):
+        if not b.ok:
+            m = Measurement(b.schedule, None, b.error, compile_s=b.compile_s)
+        else:
+            r = runner.measure(spec, b.schedule, arch, kspec)
+            m = Measurement(b.schedule, r.time_us, r.error, r.cublas_us, b.compile_s)
+        db.record(spec, arch, m, gpu_name, label)   # one transaction each
+        bar.update(1)
+        out.append(m)
+    return out
+
+
+def _confirm(spec, arch, gpu_name, n, db, bar, evaluate) -> None:
+    """Re-measure the search's `n` best schedules that have no confirm row yet (see tune_shapes)."""
+    from .db import CONFIRM
+    top = [f.schedule for f in db.ranked_schedules(spec, arch, gpu_name, search_only=True)[:n]]
+    done = db.confirmed(spec, arch, gpu_name)
+    todo = [s for s in top if s not in done]
+    bar.update(n - len(todo))        # stored by an earlier run, or fewer than n schedules ran
+    for m in evaluate(todo, CONFIRM) if todo else ():
+        if not m.ok:                  # it passed its check once: worth a look
+            bar.write(f"confirm: {m.schedule.short()} failed on re-measure: {m.error}", file=sys.stderr)
+
+
 def print_summary(summary) -> None:
-    print(f"{'shape':>20} {'gemmc us':>10} {'cuBLAS us':>10} {'speedup':>8}  schedule")
+    print(f"{'shape':>20} {'gemmc us':>10} {'cuBLAS us':>10} {'paired':>8} {'rows':>4}  schedule")
     for sh, e in summary:
         if e is None:
-            print(f"{str(sh):>20} {'-':>10} {'-':>10} {'-':>8}  (no schedule ran)")
+            print(f"{str(sh):>20} {'-':>10} {'-':>10} {'-':>8} {'-':>4}  (no schedule ran)")
             continue
         sp = f"{e.speedup:.3f}" if e.speedup else "-"
-        print(f"{str(sh):>20} {e.time_us:10.2f} {e.cublas_us or float('nan'):10.2f} {sp:>8}  {e.schedule.short()}")
+        print(f"{str(sh):>20} {e.time_us:10.2f} {e.cublas_us or float('nan'):10.2f} {sp:>8} {e.n_rows:4d}  "
+              f"{e.schedule.short()}")
     sps = [e.speedup for _, e in summary if e and e.speedup]
     if sps:
-        print(f"geomean speedup over cuBLAS: {_geomean(sps):.3f}x over {len(sps)} shapes; with the cuBLAS "
-              f"fallback: {_geomean([max(1.0, s) for s in sps]):.3f}x")
+        print(_geomean_line(sps, f" over {len(sps)} shapes"))
+    print(PAIRED_NOTE)
 
 
 def cmd_tune(args) -> int:
@@ -207,7 +270,7 @@ def cmd_tune(args) -> int:
     with Builder(workers=args.workers, timeout_s=args.compile_timeout) as builder:
         summary = tune_shapes(shapes, dtype=args.dtype, arch=args.arch, strategy=args.strategy, budget=args.budget,
                               batch=args.batch, db=db, builder=builder, runner=runner, gpu_name=gpu, seed=args.seed,
-                              symbolic=args.symbolic)
+                              symbolic=args.symbolic, confirm=args.confirm)
     if not args.no_train_policy and args.strategy != "rl":
         from .rl import train_policy_from_db
         try:

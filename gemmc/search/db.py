@@ -1,8 +1,15 @@
-"""The tuning database: every measurement ever made, a best-per-problem view, and policy weights.
+"""The tuning database: every measurement ever made, the paired verdict per problem, and policy weights.
 
 SQLite in WAL mode; each measurement is its own transaction, so a run killed at any moment loses
 at most the measurement in flight, and `TuningDB.prior` lets the next run skip what is stored.
 Location: $GEMMC_TUNING_DB, else <$GEMMC_CACHE_DIR or ~/.cache/gemmc>/tuning.sqlite.
+
+The verdict (`TuningDB.best`) is paired: a row's gemmc and cuBLAS times were measured interleaved in
+the same CUDA-graph runs, so they share the GPU's clocks and temperature, which drift by up to ~30%
+over a long tune. The best schedule of a problem on a GPU is the one with the highest geometric
+mean of its rows' cublas_us / time_us; rows without a cuBLAS time (problems the Runner cannot pair,
+such as fused epilogues) rank by the geometric mean of their times. Comparing the fastest row with
+the fastest cuBLAS row of the whole run (schema 1's view) judged a thermal state, not a schedule.
 """
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import base64
 import gzip
 import hashlib
 import json
+import math
 import os
 import sqlite3
 import time
@@ -23,7 +31,8 @@ from ..spec import GemmSpec
 from ..types import as_arch
 from .strategy import Measurement, schedule_key
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2      # 2: the min-time view best_per_problem is gone (the verdict is paired, in Python)
+CONFIRM = "confirm"     # the strategy of the rows `gemmc-search tune` re-measures after a search
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -39,14 +48,6 @@ CREATE TABLE IF NOT EXISTS measurements (
     strategy TEXT, gemmc_version TEXT NOT NULL, created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS measurements_problem ON measurements (problem, gpu_name);
-CREATE VIEW IF NOT EXISTS best_per_problem AS
-    SELECT * FROM (
-        SELECT measurements.*,
-               MIN(cublas_us) OVER (PARTITION BY problem, gpu_name) AS cublas_best_us,
-               COUNT(*) OVER (PARTITION BY problem, gpu_name) AS n_measured,
-               ROW_NUMBER() OVER (PARTITION BY problem, gpu_name ORDER BY time_us, id) AS rank
-        FROM measurements WHERE error IS NULL AND time_us IS NOT NULL
-    ) WHERE rank = 1;
 CREATE TABLE IF NOT EXISTS policies (
     name TEXT PRIMARY KEY, blob BLOB NOT NULL, feature_spec TEXT NOT NULL,
     trained_shapes INTEGER, gemmc_version TEXT NOT NULL, created_at REAL NOT NULL
@@ -87,19 +88,79 @@ def problem_key(spec: GemmSpec, arch: str) -> str:
     return json.dumps(problem_fields(spec, arch), sort_keys=True, separators=(",", ":"))
 
 
+def _geomean(xs: list[float]) -> float:
+    # one row stays exact: a single measurement reads back as stored
+    return xs[0] if len(xs) == 1 else math.exp(math.fsum(map(math.log, xs)) / len(xs))
+
+
+@dataclass(frozen=True)
+class ScheduleFigure:
+    """One schedule's standing in a problem: geometric means over its paired rows (cuBLAS timed in the
+    same run), or over all its rows when none is paired (then cublas_us is None)."""
+    schedule: Schedule
+    time_us: float
+    cublas_us: Optional[float]
+    n_rows: int             # the rows behind the figure
+    first_id: int           # ties go to the schedule measured first
+
+    @property
+    def speedup(self) -> Optional[float]:
+        return self.cublas_us / self.time_us if self.cublas_us else None
+
+
+def schedule_figures(rows: Iterable) -> list[ScheduleFigure]:
+    """Per schedule, from successful rows of ONE problem on ONE GPU (mappings with id, schedule, time_us,
+    cublas_us)."""
+    parsed: dict[str, Schedule] = {}
+    by_schedule: dict[Schedule, list] = {}    # by the Schedule, not its JSON: as `TuningDB.prior` does
+    for r in sorted(rows, key=lambda r: r["id"]):
+        if r["time_us"] is not None and r["time_us"] > 0:
+            if r["schedule"] not in parsed:
+                parsed[r["schedule"]] = Schedule.from_dict(json.loads(r["schedule"]))
+            by_schedule.setdefault(parsed[r["schedule"]], []).append(r)
+    out = []
+    for schedule, rs in by_schedule.items():
+        paired = [r for r in rs if r["cublas_us"] is not None and r["cublas_us"] > 0]
+        use = paired or rs
+        out.append(ScheduleFigure(schedule, _geomean([r["time_us"] for r in use]),
+                                  _geomean([r["cublas_us"] for r in paired]) if paired else None, len(use),
+                                  rs[0]["id"]))
+    return out
+
+
+def rank_by_verdict(items: Iterable, tiebreak=lambda x: 0) -> list:
+    """Best first: by paired speedup (highest first) when any item has one, else by time. An item without
+    a paired cuBLAS time is then left out: its time came from other runs (another thermal state), so it
+    cannot be set against the paired ones."""
+    items = list(items)
+    paired = [x for x in items if x.speedup is not None]
+    if paired:
+        return sorted(paired, key=lambda x: (-x.speedup, x.time_us, tiebreak(x)))
+    return sorted(items, key=lambda x: (x.time_us, tiebreak(x)))
+
+
 @dataclass(frozen=True)
 class BestEntry:
-    """The fastest stored schedule of one problem on one GPU."""
+    """The best stored schedule of one problem on one GPU, by the paired verdict (module docstring).
+
+    time_us and cublas_us are the schedule's geometric means over its paired rows, so cublas_us /
+    time_us (`speedup`) is the geometric mean of its paired ratios; without a paired row, time_us is
+    the geometric mean of its times and cublas_us is None."""
     fields: dict
     gpu_name: str
     schedule: Schedule
     time_us: float
     cublas_us: Optional[float]
-    n_measured: int
+    n_measured: int         # successful rows of the problem on this GPU, every schedule
+    n_rows: int = 1         # rows of this schedule behind time_us and cublas_us
 
     @property
     def speedup(self) -> Optional[float]:
         return self.cublas_us / self.time_us if self.cublas_us else None
+
+
+_FIELDS = ("m", "n", "k", "batch", "dtype", "out_dtype", "acc_dtype", "a_layout", "b_layout", "epilogue_class",
+           "arch")
 
 
 class TuningDB:
@@ -117,7 +178,15 @@ class TuningDB:
         self.conn.execute("PRAGMA synchronous=NORMAL")   # WAL + NORMAL: a killed process loses nothing committed
         with self.conn:
             self.conn.executescript(_SCHEMA)
-            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring a schema-1 file up to date (its rows are kept as they are); a newer file is left alone."""
+        row = self.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is not None and int(row[0]) >= SCHEMA_VERSION:
+            return
+        self.conn.execute("DROP VIEW IF EXISTS best_per_problem")   # schema 1's min-time verdict: misleading
+        self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
 
     @classmethod
     def open_existing(cls, path=None) -> Optional["TuningDB"]:
@@ -163,26 +232,54 @@ class TuningDB:
             out[s] = Measurement(s, r["time_us"], r["error"], r["cublas_us"], r["compile_s"])
         return list(out.values())
 
+    def _ok_rows(self, where: str, args: Iterable) -> list[sqlite3.Row]:
+        return list(self.conn.execute(f"SELECT * FROM measurements WHERE error IS NULL AND time_us IS NOT NULL "
+                                      f"{where} ORDER BY id", list(args)))
+
     def _best_rows(self, where: str = "", args: Iterable = ()) -> list[BestEntry]:
-        rows = self.conn.execute(f"SELECT * FROM best_per_problem {where} ORDER BY m, n, k, gpu_name", list(args))
-        return [BestEntry({c: r[c] for c in ("m", "n", "k", "batch", "dtype", "out_dtype", "acc_dtype", "a_layout",
-                                             "b_layout", "epilogue_class", "arch")},
-                          r["gpu_name"], Schedule.from_dict(json.loads(r["schedule"])), r["time_us"],
-                          r["cublas_best_us"], r["n_measured"]) for r in rows]
+        """One BestEntry per (problem, GPU) among the rows `where` (SQL after AND) selects."""
+        groups: dict[tuple, list[sqlite3.Row]] = {}
+        for r in self._ok_rows(where, args):
+            groups.setdefault((r["problem"], r["gpu_name"]), []).append(r)
+        out = []
+        for (_, gpu), rows in groups.items():
+            ranked = rank_by_verdict(schedule_figures(rows), tiebreak=lambda f: f.first_id)
+            if not ranked:
+                continue
+            top = ranked[0]
+            out.append(BestEntry({c: rows[0][c] for c in _FIELDS}, gpu, top.schedule, top.time_us, top.cublas_us,
+                                 len(rows), top.n_rows))
+        return sorted(out, key=lambda e: (e.fields["m"], e.fields["n"], e.fields["k"], e.gpu_name,
+                                          json.dumps(e.fields, sort_keys=True)))
 
     def best(self, spec: GemmSpec, arch: str, gpu_name: Optional[str] = None) -> Optional[BestEntry]:
-        """The exact problem's best (on `gpu_name`, or the fastest over GPUs when None)."""
-        where, args = "WHERE problem = ?", [problem_key(spec, arch)]
+        """The exact problem's best on `gpu_name`; when None, the best GPU's entry by the same verdict
+        (the highest paired speedup)."""
+        where, args = "AND problem = ?", [problem_key(spec, arch)]
         if gpu_name is not None:
             where += " AND gpu_name = ?"
             args.append(gpu_name)
-        rows = self._best_rows(where, args)
-        return min(rows, key=lambda e: e.time_us) if rows else None
+        ranked = rank_by_verdict(self._best_rows(where, args), tiebreak=lambda e: e.gpu_name)
+        return ranked[0] if ranked else None
 
     def best_all(self, arch: Optional[str] = None) -> list[BestEntry]:
         if arch is None:
             return self._best_rows()
-        return self._best_rows("WHERE arch = ?", [as_arch(arch)])
+        return self._best_rows("AND arch = ?", [as_arch(arch)])
+
+    def ranked_schedules(self, spec: GemmSpec, arch: str, gpu_name: str,
+                         search_only: bool = False) -> list[ScheduleFigure]:
+        """The problem's schedules on `gpu_name`, best first by the paired verdict; search_only leaves
+        out the confirm rows (what `gemmc-search tune` picks its confirmations from)."""
+        where = "AND problem = ? AND gpu_name = ?" + (" AND strategy IS NOT ?" if search_only else "")
+        args = [problem_key(spec, arch), gpu_name] + ([CONFIRM] if search_only else [])
+        return rank_by_verdict(schedule_figures(self._ok_rows(where, args)), tiebreak=lambda f: f.first_id)
+
+    def confirmed(self, spec: GemmSpec, arch: str, gpu_name: str) -> set[Schedule]:
+        """Schedules of this problem with a confirm row on `gpu_name` (failed ones too: never retried)."""
+        rows = self.conn.execute("SELECT DISTINCT schedule FROM measurements WHERE problem = ? AND gpu_name = ? "
+                                 "AND strategy = ?", (problem_key(spec, arch), gpu_name, CONFIRM))
+        return {Schedule.from_dict(json.loads(r[0])) for r in rows}
 
     def count(self) -> int:
         return self.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
