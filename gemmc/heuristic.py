@@ -87,8 +87,6 @@ MACHINES = {
                           t_epi=300e-9, t_fix=1e-6, t_fill=3e-6),
 }
 
-# Share of SMs that clusters of a given size can occupy (CTAs of a cluster share one GPC).
-CLUSTER_SM_FRACTION = {1: 1.0, 2: 1.0, 4: 128 / 132, 8: 120 / 132, 16: 112 / 132}
 
 EPILOGUE_OP_COST = {"add": 1, "sub": 1, "mul": 1, "div": 4, "relu": 1, "clamp": 1, "cast": 1,
                     "sigmoid": 8, "silu": 8, "tanh": 8, "gelu_tanh": 8, "gelu_erf": 12}
@@ -120,7 +118,10 @@ def problem_dims(spec: GemmSpec, m_hint: int | None = None, n_hint: int | None =
 
 
 def usable_sms(num_sms: int, cluster_size: int) -> int:
-    frac = CLUSTER_SM_FRACTION.get(cluster_size, 112 / 132)
+    """SMs that clusters of `cluster_size` CTAs fill at once (a cluster's CTAs share one GPC): the
+    measured share on the 132-SM part (ArchLimits.max_active_clusters), scaled to `num_sms`."""
+    lim = ARCH_LIMITS["sm_90a"]
+    frac = lim.active_clusters(cluster_size) * cluster_size / lim.num_sms
     return max(cluster_size, int(num_sms * frac) // cluster_size * cluster_size)
 
 

@@ -29,10 +29,21 @@ class ArchLimits:
     max_cluster: int           # CTAs per cluster (1: no clusters)
     has_tma: bool
     num_sms: int               # default SM count for the heuristic (H200/H100 SXM: 132, A100: 108)
+    # (cluster size, clusters resident at once at 1 CTA per SM): a cluster's CTAs share one GPC, so GPCs
+    # whose SM count is not a multiple of the size strand SMs. A persistent grid larger than this runs
+    # its last clusters as a second wave (about 2x the time).
+    max_active_clusters: tuple[tuple[int, int], ...] = ()
+
+    def active_clusters(self, cluster_size: int) -> int:
+        """Clusters of `cluster_size` CTAs that run at once: the persistent grid's size."""
+        return dict(self.max_active_clusters).get(cluster_size, max(1, self.num_sms // cluster_size))
 
 
 ARCH_LIMITS = {
-    "sm_90a": ArchLimits("sm_90a", 227 * 1024, 65536, 1024, 16, True, 132),
+    # H200 (132 SMs), cudaOccupancyMaxActiveClusters (cutlass.utils.HardwareInfo), 2026-11-30; a grid of
+    # 31 four-CTA clusters ran 1.7x slower than 30 (bench/results/2026-11-30-h200-cluster-grid.json)
+    "sm_90a": ArchLimits("sm_90a", 227 * 1024, 65536, 1024, 16, True, 132,
+                         max_active_clusters=((1, 132), (2, 66), (4, 30), (8, 15), (16, 7))),
     "sm_80": ArchLimits("sm_80", 163 * 1024, 65536, 1024, 1, False, 108),
 }
 

@@ -111,7 +111,7 @@ def test_batch_multiplies_the_work_units():
 
 
 def test_cluster_usable_sms_and_grid_padding():
-    assert [usable_sms(132, cs) for cs in (1, 2, 4, 8, 16)] == [132, 132, 128, 120, 112]
+    assert [usable_sms(132, cs) for cs in (1, 2, 4, 8, 16)] == [132, 132, 120, 120, 112]
     e = estimate(Schedule((128, 128, 64), (2, 1)), spec(128 * 3, 4096, 4096))  # 3 M tiles padded to 4
     assert e.units == 4 * 32
 

@@ -62,9 +62,23 @@ def test_every_plan_fact_is_a_constant_of_the_source(tile, cluster, raster, swiz
     assert c["MMA_INST_MN"] == str(tuple(plan.mma.inst_shape[:2]))
     assert c["MMA_ATOM_LAYOUT"] == str(tuple(plan.mma.atom_layout))
     assert c["PDL"] == "True" and plan.scheduler.pdl
+    # the persistent grid never exceeds the clusters resident at once (a 31st 4-CTA cluster ran 1.7x slower)
+    assert int(c["MAX_ACTIVE_CLUSTERS"]) == {1: 132, 2: 66, 4: 30}[cluster[0] * cluster[1]]
     sw = {128: "SW128", 64: "SW64", 32: "SW32"}
     assert c["A_SMEM_ATOM"].endswith("K_" + sw[plan.copy("a").swizzle_bytes])
     assert c["C_SMEM_ATOM"].endswith("_" + sw[plan.copy("c").swizzle_bytes])
+
+
+def test_persistent_grid_fits_the_measured_cluster_occupancy():
+    """H200: cudaOccupancyMaxActiveClusters is 132/66/30/15/7 for 1/2/4/8/16-CTA clusters; GPCs strand
+    SMs, so a 132 // size grid (33 four-CTA clusters) would run its last clusters as a second wave."""
+    from gemmc.schedule import ARCH_LIMITS
+    lim = ARCH_LIMITS["sm_90a"]
+    assert [lim.active_clusters(s) for s in (1, 2, 4, 8, 16)] == [132, 66, 30, 15, 7]
+    assert all(lim.active_clusters(s) * s <= lim.num_sms for s in (1, 2, 4, 8, 16))
+    for cluster, want in (((4, 2), 15), ((2, 4), 15), ((4, 1), 30), ((1, 4), 30)):
+        c = constants(emit(plan_of(GemmSpec(), tile=(128, 128, 64), cluster=cluster, mode="pingpong")).source)
+        assert int(c["MAX_ACTIVE_CLUSTERS"]) == want, cluster
 
 
 def test_source_is_split_into_role_blocks():

@@ -165,7 +165,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         RASTER_ALONG_M = $raster_m              # tile scheduler: raster = "$raster"
         SWIZZLE = $swizzle                      # tile scheduler: swizzle group size
         SPLIT_K = $split_k                      # tile scheduler: split-K factor ($sk_mode)
-        MAX_ACTIVE_CLUSTERS = $max_clusters     # persistent grid: SMs / CTAs per cluster
+        MAX_ACTIVE_CLUSTERS = $max_clusters     # persistent grid: clusters resident at once (ArchLimits)
         SMEM_BYTES = $smem_bytes                # pipeline-staging: shared memory budget
         PDL = $pdl                              # tile scheduler: pdl (programmatic dependent launch)
     ''', a_dtype=dsl_type(p.a_dtype), b_dtype=dsl_type(p.b_dtype), acc_dtype=dsl_type(p.acc_dtype),
@@ -339,7 +339,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
 
 def _max_clusters(plan: KernelPlan) -> int:
     from ...schedule import ARCH_LIMITS
-    return max(1, ARCH_LIMITS["sm_90a"].num_sms // (plan.cluster[0] * plan.cluster[1]))
+    return ARCH_LIMITS["sm_90a"].active_clusters(plan.cluster[0] * plan.cluster[1])
 
 
 def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> str:
