@@ -271,6 +271,62 @@ def test_timing_loop_measures_each_side_and_the_ratio():
     assert all(made[SMALL[0]].out_args)
 
 
+class SteppingKernel(FakeKernel):
+    """A kernel whose cost rises by `step` (a clock step-down under the power cap) after `after` calls
+    of either side; `state` is shared between the two sides like the GPU's clock."""
+
+    def __init__(self, clock, us, name, log, state, step=1.10, after=10 ** 9):
+        super().__init__(clock, us, name, log)
+        self.state, self.step, self.after = state, step, after
+
+    def __call__(self, a, b, out=None):
+        self.state["calls"] += 1
+        slow = self.step if self.state["calls"] > self.after else 1.0
+        self.clock.now_ms += self.us * (slow - 1.0) / 1000
+        return super().__call__(a, b, out)
+
+
+def test_a_clock_step_mid_run_cancels_in_the_paired_ratio():
+    """Measured on the H200 (16384x8192x8192): both sides stepped ~9% slower part-way through the
+    repeats, and the ratio of the medians read 0.94 where each back-to-back pair read 0.98 or 1.05.
+    The ratio is now the median of the per-repeat ratios; the step shows up as drift."""
+    cfg = timing.TimingConfig(repeats=10, warmup=0, min_unit_us=100)
+    sh = suites.Shape(64, 32, 48)
+
+    def run(after):
+        clock, log, state = VirtualClock(), [], {"calls": 0}
+        sets = timing.make_input_sets(sh, torch.bfloat16, "cpu", 4, 0)
+        gemmc = SteppingKernel(clock, 10.0, "gemmc", log, state, after=after)
+        cublas = SteppingKernel(clock, 11.0, "cublas", log, state, after=after)
+        return timing.bench_shape(sh, gemmc, sets, clock, cfg, cublas=cublas), log
+
+    steady, log = run(after=10 ** 9)
+    assert steady["ratio"] == pytest.approx(1.1) and steady["ratio_of_medians"] == pytest.approx(1.1)
+    # step the clock between gemmc and cuBLAS of repeat 4 (order g, c): gemmc gets 5 fast samples, cuBLAS 4
+    units = steady["launches"]
+    start = len(log) - 2 * cfg.repeats * units
+    rec, _ = run(after=start + 2 * 4 * units + units)
+    assert rec["ratio"] == pytest.approx(1.1)                          # 9 of 10 pairs: 11 / 10
+    assert rec["ratio_of_medians"] == pytest.approx(11 * 1.1 / (10 * 1.05))   # straddles the step: 1.152
+    assert rec["drift"]["gemmc"] == pytest.approx(0.10) and rec["drift"]["cublas"] == pytest.approx(0.10)
+    assert rec["settle_units"] == 0
+
+
+def test_settle_runs_cublas_before_timing_long_shapes_only():
+    clock, log = VirtualClock(), []
+    sh = suites.Shape(64, 32, 48)
+    sets = timing.make_input_sets(sh, torch.bfloat16, "cpu", 2, 0)
+    cfg = timing.TimingConfig(repeats=2, warmup=0, min_unit_us=100, settle_s=0.01)
+    long_call = timing.SETTLE_MIN_CALL_US
+    rec = timing.bench_shape(sh, FakeKernel(clock, 10.0, "gemmc", log), sets, clock, cfg,
+                             cublas=FakeKernel(clock, long_call, "cublas", log))
+    assert rec["settle_units"] >= 1
+    log.clear()
+    rec = timing.bench_shape(sh, FakeKernel(clock, 10.0, "gemmc", log), sets, clock, cfg,
+                             cublas=FakeKernel(clock, long_call / 2, "cublas", log))
+    assert rec["settle_units"] == 0
+
+
 def test_timing_interleaves_and_alternates_the_order():
     clock = VirtualClock()
     log = []
@@ -490,6 +546,8 @@ def test_cli_reports_bad_input_before_running(tmp_path, capsys):
     assert "s.txt:1" in capsys.readouterr().err
     assert bench_main(["--suite", "square", "--policy", "fastest"]) == 2
     assert "not 'heuristic', 'auto' or a schedule" in capsys.readouterr().err
+    assert bench_main(["--suite", "square", "--settle-s", "-1"]) == 2
+    assert "--settle-s must be >= 0" in capsys.readouterr().err
 
 
 def test_cli_without_gpu_says_so(capsys):

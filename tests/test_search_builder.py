@@ -72,3 +72,17 @@ def test_runner_checks_and_times_on_the_gpu():
     m = Runner().measure(spec, s, "sm_90a")
     assert m.ok, m.error
     assert 1.0 < m.time_us < 10_000 and 1.0 < m.cublas_us < 10_000
+
+
+def test_runner_stores_the_cublas_time_paired_with_its_gemmc_time(monkeypatch):
+    """The DB verdict is cublas_us / time_us: the Runner stores cublas_us = gemmc median x the bench's
+    per-repeat (drift-proof) ratio, not the cuBLAS median, which a clock step can shift alone."""
+    import gemmc.bench.timing as timing
+    rec = {"status": "ok", "gemmc_us": {"median": 100.0}, "cublas_us": {"median": 90.0}, "ratio": 1.05}
+    monkeypatch.setattr(timing, "bench_shape", lambda *a, **k: rec)
+    monkeypatch.setattr(timing, "spin_up", lambda *a, **k: None)
+    monkeypatch.setattr(gemmc, "compile", lambda *a, **k: object())
+    runner = Runner()
+    monkeypatch.setattr(runner, "_inputs", lambda spec: (None, None))
+    m = runner.measure(gemmc.GemmSpec(m=4096, n=4096, k=4096), gemmc.Schedule(), "sm_90a")
+    assert m.ok and m.time_us == 100.0 and m.cublas_us == pytest.approx(105.0)

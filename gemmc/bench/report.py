@@ -93,10 +93,15 @@ def method_of(cfg) -> dict:
             f"randn inputs (seed {cfg.seed}); {cfg.warmup} warm-up + {cfg.repeats} timed units per side; median "
             f"and IQR/min/max per call. Every gemmc result is checked before timing: output NaN-filled, relative "
             f"Frobenius error vs an fp32 product of the upcast inputs < {cfg.tolerance:g}; a failing shape is "
-            "reported, not timed. ratio = cuBLAS time / gemmc time (> 1: gemmc faster).")
+            "reported, not timed. ratio = median over the repeats of cuBLAS time / gemmc time, the two of a repeat "
+            "timed back to back (> 1: gemmc faster); `ratio_of_medians` and each side's `drift` (max/min - 1 of "
+            "its samples: a clock step shows there) are kept too.")
+    if getattr(cfg, "settle_s", 0) > 0:
+        text += (f" Settled: before timing a shape whose call takes >= 100 us, cuBLAS runs back to back for "
+                 f"{cfg.settle_s:g} s, so both sides are timed at the sustained, power-capped clock.")
     if getattr(cfg, "aa_check", False):
         text += (" A/A check: a third side runs the same cuBLAS call into gemmc's output slots; aa_ratio = "
-                 "cuBLAS time / that time, which differs from 1 by noise alone.")
+                 "cuBLAS time / that time (paired the same way), which differs from 1 by noise alone.")
     return {"timing": "host" if cfg.host_timing else "cuda-graphs", "config": cfg.as_dict(), "text": text}
 
 

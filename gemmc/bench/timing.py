@@ -16,6 +16,7 @@ before it is timed.
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -47,6 +48,10 @@ class TimingConfig:
     tolerance: float = 1e-2    # relative Frobenius error against the fp32 reference
     seed: int = 0
     aa_check: bool = False     # also time cuBLAS against itself (a third interleaved side): the noise floor
+    # Seconds of back-to-back cuBLAS units before timing a shape whose call takes >= SETTLE_MIN_CALL_US:
+    # long GEMMs are power-capped, and the clock steps down after a few hundred ms of load. Settling
+    # times both sides in that sustained state instead of straddling the step (0: off).
+    settle_s: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -202,6 +207,32 @@ def check_output(fn: Kernel, a, b, out, ref) -> float:
 
 # ---- timing ----------------------------------------------------------------------------------
 
+SETTLE_MIN_CALL_US = 100.0   # shorter calls do not reach the power cap within a timed unit
+
+
+def settle(unit: Callable[[], None], clock: Clock, seconds: float) -> int:
+    """Run `unit` back to back for `seconds` (the GPU reaches its sustained, power-capped clock). Returns the
+    number of units run."""
+    t_end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < t_end:
+        clock.time_ms(unit)
+        n += 1
+    return n
+
+
+def paired_ratio(cublas_ms: Sequence[float], gemmc_ms: Sequence[float]) -> float:
+    """Median over repeats of cuBLAS / gemmc, each pair timed back to back in one repeat. A clock step
+    during the repeats (power cap, heat) moves both sides of a pair together, so it cancels here, while
+    the ratio of the two medians can compare one side's fast half with the other's slow half."""
+    return statistics.median(c / g for c, g in zip(cublas_ms, gemmc_ms))
+
+
+def drift(samples: Sequence[float]) -> float:
+    """Spread of one side's samples, max / min - 1: a clock step shows as > ~0.03."""
+    return max(samples) / min(samples) - 1.0
+
+
 def launch_count(est_us: float, n_sets: int, cfg: TimingConfig) -> int:
     """Launches per timed unit: enough for `min_unit_us`, within the bounds, and at least one per
     input set so every unit rotates through all of them."""
@@ -271,6 +302,9 @@ def bench_shape(shape: Shape, kernel: Kernel, sets: InputSets, clock: Clock, cfg
     }
     if cfg.aa_check:    # the same cuBLAS call, writing where gemmc writes: what "no difference" reads as
         units["cublas_aa"] = clock.prepare(unit_calls(cublas, sets, sets.out_gemmc, launches, cfg.host_timing))
+    rec["settle_units"] = 0
+    if cfg.settle_s > 0 and est_us >= SETTLE_MIN_CALL_US:
+        rec["settle_units"] = settle(units["cublas"], clock, cfg.settle_s)
     ms = time_interleaved(units, clock, cfg.repeats, cfg.warmup)
     rec["launches"] = launches
     for side in units:
@@ -278,9 +312,11 @@ def bench_shape(shape: Shape, kernel: Kernel, sets: InputSets, clock: Clock, cfg
         rec[f"{side}_samples_us"] = us
         rec[f"{side}_us"] = summarize(us).as_dict()
         rec[f"{side}_tflops"] = tflops(shape.flops, rec[f"{side}_us"]["median"])
-    rec["ratio"] = rec["cublas_us"]["median"] / rec["gemmc_us"]["median"]
+    rec["ratio"] = paired_ratio(ms["cublas"], ms["gemmc"])
+    rec["ratio_of_medians"] = rec["cublas_us"]["median"] / rec["gemmc_us"]["median"]
+    rec["drift"] = {side: drift(ms[side]) for side in units}
     if cfg.aa_check:
-        rec["aa_ratio"] = rec["cublas_us"]["median"] / rec["cublas_aa_us"]["median"]
+        rec["aa_ratio"] = paired_ratio(ms["cublas"], ms["cublas_aa"])
     return rec
 
 

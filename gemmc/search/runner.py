@@ -72,4 +72,7 @@ class Runner:
             return Measurement(schedule, None, f"run: {type(e).__name__}: {e}"[:2000])
         if rec.get("status") != "ok":
             return Measurement(schedule, None, f"check: {rec.get('error')}")
-        return Measurement(schedule, rec["gemmc_us"]["median"], None, cublas_us=rec["cublas_us"]["median"])
+        # cublas_us is the cuBLAS time paired with this gemmc time: gemmc median x the median per-repeat
+        # ratio, so the DB's cublas_us / time_us is the bench's drift-proof ratio
+        gemmc_us = rec["gemmc_us"]["median"]
+        return Measurement(schedule, gemmc_us, None, cublas_us=gemmc_us * rec["ratio"])
