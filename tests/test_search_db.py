@@ -295,3 +295,25 @@ def test_export_import_round_trip_with_policy(tmp_path):
     cands = list(SearchProblem.of(SPEC).candidates)
     assert loaded.best(SPEC, cands) == pol.best(SPEC, cands)
     assert (loaded.scores(SPEC, cands) == pol.scores(SPEC, cands)).all()
+
+
+def test_policy_examples_rank_schedules_by_their_paired_speedup(tmp_path):
+    """The RL policy's training rewards use each schedule's own cuBLAS pairs: a schedule timed while the
+    clock was high (fast, but cuBLAS fast too) must not outrank one timed after the clock stepped down."""
+    from gemmc.search.rl import ERROR_MARGIN, examples_from_db
+    db = TuningDB(tmp_path / "t.sqlite")
+    cool, hot, broken = _sched(0), _sched(1), _sched(2)
+    db.record(SPEC, "sm_90a", Measurement(cool, 10.0, None, 10.0), GPU)      # 1.00x at a high clock
+    db.record(SPEC, "sm_90a", Measurement(hot, 11.0, None, 12.1), GPU)       # 1.10x after the step
+    db.record(SPEC, "sm_90a", Measurement(hot, 11.5, None, 12.65), GPU)      # repeat: 1.10x again
+    db.record(SPEC, "sm_90a", Measurement(broken, None, "compile: boom"), GPU)
+    db.record(BIAS, "sm_90a", Measurement(cool, 20.0, None), GPU)            # no cuBLAS time: by time
+    db.record(BIAS, "sm_90a", Measurement(hot, 25.0, None), GPU)
+    ex = examples_from_db(db)         # one per problem (the fused one keyed by its epilogue class)
+    assert len(ex) == 2
+    plain_ex, fused_ex = sorted(ex, key=lambda e: broken not in e.schedules)
+    plain = dict(zip(plain_ex.schedules, plain_ex.rewards))
+    assert plain[hot] == pytest.approx(math.log(1.1)) and plain[cool] == pytest.approx(0.0)
+    assert plain[broken] == pytest.approx(0.0 - ERROR_MARGIN)
+    fused = dict(zip(fused_ex.schedules, fused_ex.rewards))
+    assert fused[cool] == pytest.approx(0.0) and fused[hot] == pytest.approx(math.log(20 / 25))

@@ -197,8 +197,13 @@ class RLStrategy(BaseStrategy):
 
 
 def examples_from_db(db) -> list[ShapeExamples]:
-    """Every stored problem (plain or not) as training data; rows of several GPUs pool together."""
+    """Every stored problem (plain or not) as training data; rows of several GPUs pool together. A
+    schedule's reward is the log of its paired speedup (geometric mean of cuBLAS / gemmc over its own
+    rows, each timed in one run), so a clock that drifted between schedules does not rank them; problems
+    without cuBLAS times use log(best time / time). Schedules that only failed rank last."""
     import json as _json
+
+    from .db import schedule_figures
     by_problem: dict[str, list[dict]] = {}
     for r in db.rows():
         by_problem.setdefault(r["problem"], []).append(r)
@@ -207,15 +212,22 @@ def examples_from_db(db) -> list[ShapeExamples]:
         f = _json.loads(key)
         spec = GemmSpec(f["m"], f["n"], f["k"], dtype=f["dtype"], out_dtype=f["out_dtype"],
                         acc_dtype=f["acc_dtype"], a_layout=f["a_layout"], b_layout=f["b_layout"])
-        latest: dict[str, Measurement] = {}
-        cublas = [r["cublas_us"] for r in rows if r["cublas_us"]]
-        for r in rows:
-            s = Schedule.from_dict(_json.loads(r["schedule"]))
-            latest[r["schedule"]] = Measurement(s, r["time_us"], r["error"])
-        ms = list(latest.values())
-        rw = rewards_from(ms, min(cublas) if cublas else None)
+        figs = schedule_figures(rows)
+        paired = [x for x in figs if x.speedup is not None]
+        if paired:
+            schedules, rw = [x.schedule for x in paired], [math.log(x.speedup) for x in paired]
+        elif figs:
+            best = min(x.time_us for x in figs)
+            schedules, rw = [x.schedule for x in figs], [math.log(best / x.time_us) for x in figs]
+        else:
+            continue
+        ok = set(schedules) | {x.schedule for x in figs}
+        failed = {Schedule.from_dict(_json.loads(r["schedule"])) for r in rows} - ok
+        worst = min(rw)
+        schedules += sorted(failed, key=lambda s: s.short())
+        rw += [worst - ERROR_MARGIN] * len(failed)
         if len(rw) > 1:
-            out.append(ShapeExamples(spec, [m.schedule for m in ms], rw))
+            out.append(ShapeExamples(spec, schedules, rw))
     return out
 
 
