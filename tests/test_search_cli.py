@@ -84,6 +84,27 @@ def test_tune_refuses_without_gpu(tmp_path, capsys):
     assert "simulate" in capsys.readouterr().err
 
 
+def test_tune_settle_reaches_the_runner_and_is_checked(tmp_path, capsys, monkeypatch):
+    import gemmc.search.runner as runner_mod
+    seen = {}
+
+    class _Runner(runner_mod.Runner):
+        def __init__(self, *a, timing=None, **k):
+            super().__init__(*a, timing=timing, **k)
+            seen["timing"] = timing
+
+        @staticmethod
+        def gpu_name():
+            return "cpu"          # stop right after construction: the CPU refusal path
+
+    monkeypatch.setattr(runner_mod, "Runner", _Runner)
+    db = str(tmp_path / "t.sqlite")
+    assert main(["--db", db, "tune", "--suite", "llm", "--budget", "2", "--settle-s", "-1"]) == 2
+    assert "--settle-s must be >= 0" in capsys.readouterr().err and "timing" not in seen
+    assert main(["--db", db, "tune", "--suite", "llm", "--budget", "2", "--settle-s", "1.5"]) == 2
+    assert seen["timing"].settle_s == 1.5
+
+
 class _InlineBuilder:
     """Builder stand-in without processes (the real one is tested in test_search_builder)."""
 

@@ -80,6 +80,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--workers", type=int, default=4, help="compile worker processes")
     t.add_argument("--compile-timeout", type=float, default=600.0)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--settle-s", type=float, default=0.0, metavar="S",
+                   help="before each measurement of a shape whose cuBLAS call takes >= 100 us, run cuBLAS back to "
+                        "back for S seconds, so schedules are judged at the sustained (power-capped) clock a long "
+                        "job runs at; costs S seconds per such measurement (default 0: off)")
     t.add_argument("--no-train-policy", action="store_true", help="skip retraining the policy at the end")
     t.add_argument("--symbolic", action="store_true",
                    help="compile each schedule once for symbolic M, N, K (shared by every shape)")
@@ -257,10 +261,14 @@ def print_summary(summary) -> None:
 
 def cmd_tune(args) -> int:
     from ..bench.suites import get_suite, load_shapes
+    from ..bench.timing import TimingConfig
     from .builder import Builder
     from .runner import Runner
     shapes = get_suite(args.suite, args.sample, args.seed) if args.suite else load_shapes(args.shapes)
-    runner = Runner()
+    if args.settle_s < 0:
+        print("gemmc-search tune: --settle-s must be >= 0 (seconds; 0 turns settling off)", file=sys.stderr)
+        return 2
+    runner = Runner(timing=TimingConfig(settle_s=args.settle_s))
     gpu = runner.gpu_name()
     if gpu == "cpu":
         print("gemmc-search tune measures on a GPU and none is visible; use `gemmc-search simulate` on the CPU",
