@@ -28,3 +28,7 @@ class LaunchError(GemmcError, ValueError):
 
 class BuildError(GemmcError, RuntimeError):
     """The backend failed to compile or link a kernel."""
+
+
+class PerformanceWarning(UserWarning):
+    """The kernel runs and is correct, but slower than it should be (e.g. built for another GPU's SM count)."""

@@ -16,11 +16,12 @@ import ctypes
 import importlib.util
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from .backends import Param
-from .errors import LaunchError
+from .errors import LaunchError, PerformanceWarning
 from .types import DType
 
 _ALIGN_BYTES = 16
@@ -487,9 +488,40 @@ class Launcher:
         return result
 
 
+_GRID_CHECKED: set = set()
+
+
+def check_persistent_grid(arch: str, device_index: Optional[int] = None) -> Optional[str]:
+    """SM90 kernels size their persistent grid by the cluster occupancy measured on a 132-SM part (H100
+    SXM, H200; `ArchLimits.max_active_clusters`). On another SM count part of the grid may wait for a
+    second wave (~2x the time) or SMs may idle: warn once per device. Returns the warning, if any."""
+    if arch != "sm_90a":
+        return None
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    idx = torch.cuda.current_device() if device_index is None else device_index
+    if idx in _GRID_CHECKED:
+        return None
+    _GRID_CHECKED.add(idx)
+    from .schedule import ARCH_LIMITS
+    want = ARCH_LIMITS["sm_90a"].num_sms
+    props = torch.cuda.get_device_properties(idx)
+    if props.multi_processor_count == want:
+        return None
+    msg = (f"gemmc: SM90 kernels size their persistent grid for a {want}-SM H100 SXM / H200; {props.name} "
+           f"(cuda:{idx}) has {props.multi_processor_count} SMs, so part of a grid may run as a second wave or "
+           "SMs may idle: results stay correct, speed does not. Compare with torch.matmul (`gemmc bench`) "
+           "before relying on these kernels here.")
+    warnings.warn(msg, PerformanceWarning, stacklevel=3)
+    return msg
+
+
 def launcher_from_artifact(artifact, *, on_load_error=None) -> Launcher:
-    """A Launcher for a cached `Artifact` (needs only its meta, never the compiler)."""
+    """A Launcher for a cached `Artifact` (needs only its meta, never the compiler). Loading an SM90
+    kernel on a GPU whose SM count differs from the one its grid was sized for warns once per device."""
     meta = artifact.meta
+    check_persistent_grid(meta.get("arch", ""))
     return Launcher([param_from_dict(d) for d in meta["params"]], so_path=artifact.so_path,
                     function_name=meta["function"], runtime_flavor=meta.get("runtime_flavor", ""),
                     so_sha256=artifact.so_sha256,

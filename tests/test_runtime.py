@@ -465,3 +465,25 @@ def test_workspace_pool_grows_safely_from_many_threads(monkeypatch):
     finally:
         sys.setswitchinterval(interval)
     assert not errors, errors[:3]
+
+
+def test_sm90_grid_sized_for_another_sm_count_warns_once_per_device(monkeypatch):
+    """SM90 kernels bake a persistent grid sized for 132 SMs (H100 SXM / H200). On a 114-SM part some
+    clusters would wait for a second wave: loading one says so, once per device, and never for sm_80."""
+    import types
+    import warnings
+
+    import gemmc.runtime as rt
+    from gemmc.errors import PerformanceWarning
+    sms = {0: 114, 1: 132}
+    monkeypatch.setattr(rt, "_GRID_CHECKED", set())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(name=f"gpu{i}", multi_processor_count=sms[i]))
+    assert rt.check_persistent_grid("sm_80", 0) is None
+    with pytest.warns(PerformanceWarning, match="132-SM H100 SXM / H200; gpu0 .* has 114 SMs"):
+        assert "second wave" in rt.check_persistent_grid("sm_90a", 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert rt.check_persistent_grid("sm_90a", 0) is None        # once per device
+        assert rt.check_persistent_grid("sm_90a", 1) is None        # the part the grid was sized for
