@@ -97,8 +97,9 @@ def method_of(cfg) -> dict:
             "timed back to back (> 1: gemmc faster); `ratio_of_medians` and each side's `drift` (max/min - 1 of "
             "its samples: a clock step shows there) are kept too.")
     if getattr(cfg, "settle_s", 0) > 0:
-        text += (f" Settled: before timing a shape whose call takes >= 100 us, cuBLAS runs back to back for "
-                 f"{cfg.settle_s:g} s, so both sides are timed at the sustained, power-capped clock.")
+        from .timing import SETTLE_MIN_CALL_US
+        text += (f" Settled: before timing a shape whose call takes >= {SETTLE_MIN_CALL_US:g} us, cuBLAS runs back "
+                 f"to back for {cfg.settle_s:g} s, so both sides are timed at the sustained, power-capped clock.")
     if getattr(cfg, "aa_check", False):
         text += (" A/A check: a third side runs the same cuBLAS call into gemmc's output slots; aa_ratio = "
                  "cuBLAS time / that time (paired the same way), which differs from 1 by noise alone.")

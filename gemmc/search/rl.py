@@ -203,7 +203,7 @@ def examples_from_db(db) -> list[ShapeExamples]:
     without cuBLAS times use log(best time / time). Schedules that only failed rank last."""
     import json as _json
 
-    from .db import schedule_figures
+    from .db import rank_by_verdict, schedule_figures
     by_problem: dict[str, list[dict]] = {}
     for r in db.rows():
         by_problem.setdefault(r["problem"], []).append(r)
@@ -213,16 +213,13 @@ def examples_from_db(db) -> list[ShapeExamples]:
         spec = GemmSpec(f["m"], f["n"], f["k"], dtype=f["dtype"], out_dtype=f["out_dtype"],
                         acc_dtype=f["acc_dtype"], a_layout=f["a_layout"], b_layout=f["b_layout"])
         figs = schedule_figures(rows)
-        paired = [x for x in figs if x.speedup is not None]
-        if paired:
-            schedules, rw = [x.schedule for x in paired], [math.log(x.speedup) for x in paired]
-        elif figs:
-            best = min(x.time_us for x in figs)
-            schedules, rw = [x.schedule for x in figs], [math.log(best / x.time_us) for x in figs]
-        else:
+        ranked = rank_by_verdict(figs)       # the DB verdict's rule: paired schedules, else all by time
+        if not ranked:
             continue
-        ok = set(schedules) | {x.schedule for x in figs}
-        failed = {Schedule.from_dict(_json.loads(r["schedule"])) for r in rows} - ok
+        best = min(x.time_us for x in ranked)
+        schedules = [x.schedule for x in ranked]
+        rw = [math.log(x.speedup) if x.speedup is not None else math.log(best / x.time_us) for x in ranked]
+        failed = {Schedule.from_dict(_json.loads(r["schedule"])) for r in rows} - {x.schedule for x in figs}
         worst = min(rw)
         schedules += sorted(failed, key=lambda s: s.short())
         rw += [worst - ERROR_MARGIN] * len(failed)
