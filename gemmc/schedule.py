@@ -73,6 +73,10 @@ class Schedule:
     # programmatic dependent launch: the prologue overlaps the previous kernel on the stream. sm_90a
     # only; sm_80 has no griddepcontrol, so there the knob is ignored and kernels launch plain.
     pdl: bool = True
+    # swap A and B (sm_90a): the kernel computes out^T = b @ a^T, so `tile` and `cluster` read (N, M, K)
+    # and (N, M). Decode shapes (M <= 64) then fill the 64-row WGMMA with B's rows instead of padding A's
+    # few rows to 64; the output is stored from registers at its transposed coordinate.
+    swap_ab: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "tile", tuple(int(x) for x in self.tile))
@@ -87,6 +91,8 @@ class Schedule:
         d = asdict(self)
         if d["pdl"] is True:
             del d["pdl"]
+        if d["swap_ab"] is False:      # likewise: only present when on
+            del d["swap_ab"]
         return d
 
     @classmethod
@@ -94,11 +100,13 @@ class Schedule:
         return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()})
 
     def short(self) -> str:
-        """Compact id, e.g. '128x256x64_c2x1_coop_s4_rm_sw1_k1' ('_nopdl' appended when pdl is off)."""
+        """Compact id, e.g. '128x256x64_c2x1_coop_s4_rm_sw1_k1' ('_nopdl' appended when pdl is off, '_swap'
+        when A and B are swapped)."""
         bm, bn, bk = self.tile
         mode = "coop" if self.mode == "cooperative" else "pp"
         return (f"{bm}x{bn}x{bk}_c{self.cluster[0]}x{self.cluster[1]}_{mode}_s{self.stages}"
-                f"_r{self.raster}_sw{self.swizzle}_k{self.split_k}" + ("" if self.pdl else "_nopdl"))
+                f"_r{self.raster}_sw{self.swizzle}_k{self.split_k}" + ("" if self.pdl else "_nopdl")
+                + ("_swap" if self.swap_ab else ""))
 
     def with_(self, **kw) -> "Schedule":
         return replace(self, **kw)
@@ -211,6 +219,13 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
         add("split_k", s.split_k, "use an integer from 1 to 16")
     if not isinstance(s.pdl, bool):
         add("pdl", s.pdl, "use True (programmatic dependent launch, the default) or False (plain launches)")
+    if not isinstance(s.swap_ab, bool):
+        add("swap_ab", s.swap_ab, "use False (the default) or True (the kernel computes out^T = b @ a^T)")
+    elif s.swap_ab and not sm90:
+        add("swap_ab", True, "swapping A and B is SM90-only: use swap_ab=False on sm_80")
+    elif s.swap_ab and s.split_k > 1:
+        add("swap_ab with split_k", s.split_k, "a swapped kernel stores from registers and has no split-K "
+            "fix-up: use split_k=1 (a swapped decode kernel streams B with whole-K tiles)")
     if s.stages != "auto" and s.stages < 2:
         add("stages", s.stages, "use at least 2 (or 'auto')")
     if min(s.tile) <= 0 or min(s.cluster) <= 0:

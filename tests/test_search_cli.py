@@ -235,3 +235,40 @@ def test_confirm_zero_turns_it_off_and_negative_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         _parser().parse_args(["tune", "--suite", "llm", "--confirm", "-1"])
     assert "0 turns it off" in capsys.readouterr().err
+
+
+def test_tune_also_measures_listed_schedules_once_and_keeps_them_out_of_the_strategy(tmp_path, capsys):
+    from gemmc.bench.policy import parse_schedule
+    from gemmc.search.db import ALSO
+    from gemmc.search.rl import examples_from_db
+    db = TuningDB(tmp_path / "t.sqlite")
+    swapped = [parse_schedule("128x16x64_pp_s12_swap"), parse_schedule("64x16x128_pp_s10_swap"),
+               parse_schedule("128x16x64_pp_k2_swap")]          # the last is invalid (swap_ab needs split_k=1)
+    measure, calls = _drifting()
+
+    def tune(budget):
+        from gemmc.bench.suites import Shape
+        from gemmc.search.cli import tune_shapes
+        from gemmc.search.runner import Runner
+        tune_shapes([Shape(64, 4096, 4096)], dtype="bf16", arch="sm_90a", strategy="bayes", budget=budget, batch=2,
+                    db=db, builder=_InlineBuilder(), runner=Runner(measure_fn=measure), gpu_name="fake",
+                    progress=False, confirm=0, also=swapped)
+    tune(4)
+    also = [r for r in db.rows() if r["strategy"] == ALSO]
+    assert [gemmc.Schedule.from_dict(json.loads(r["schedule"])) for r in also] == swapped[:2]
+    assert calls[-2:] == swapped[:2]
+    searched = lambda: [r for r in db.rows() if r["strategy"] == "bayes"]   # noqa: E731
+    assert len(searched()) == 4
+    n = len(calls)
+    tune(6)          # resume with a bigger budget: 2 more searched (the swapped rows do not count), none re-measured
+    assert len(searched()) == 6 and not any(s.swap_ab for s in calls[n:])
+    assert len([r for r in db.rows() if r["strategy"] == ALSO]) == 2
+    # the policy's features do not describe the swap: its rows train nothing
+    (ex,) = examples_from_db(db)
+    assert len(ex.schedules) == 6 and not any(s.swap_ab for s in ex.schedules)
+
+
+def test_tune_also_rejects_a_bad_schedule_string(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--db", str(tmp_path / "t.sqlite"), "tune", "--suite", "llm", "--also", "128x16x64_pp_bogus"])
+    assert "bogus" in capsys.readouterr().err

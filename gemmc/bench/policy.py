@@ -5,7 +5,8 @@ Fixed schedules use the same tokens as `Schedule.short()`, joined by `_`, in any
     128x128x64_c1x1_pp_s4_rn_sw8_k2  + stages, raster, swizzle, split-K
     128x128x64_k2_nopdl             plain launches (no programmatic dependent launch)
 Tokens: `BMxBN[xBK]` tile (BK defaults to 64), `cMxN` cluster, `coop|cooperative|pp|pingpong`,
-`sN|sauto` stages, `rm|rn` raster, `swN` swizzle, `kN` split-K, `nopdl` (pdl off).
+`sN|sauto` stages, `rm|rn` raster, `swN` swizzle, `kN` split-K, `nopdl` (pdl off), `swap` (A and B
+swapped: the kernel computes out^T = b @ a^T; tile and cluster then read N first).
 """
 from __future__ import annotations
 
@@ -59,9 +60,11 @@ def parse_schedule(text: str, arch: str = "sm_90a") -> Schedule:
             put("split_k", int(m[1]), tok)
         elif tok == "nopdl":
             put("pdl", False, tok)
+        elif tok == "swap":
+            put("swap_ab", True, tok)
         else:
             raise PolicyError(f"schedule {text!r}: unknown token {tok!r}; use cMxN (cluster), coop|pp (mode), "
-                              "sN (stages), rm|rn (raster), swN (swizzle), kN (split-K), nopdl (plain launches)")
+                              "sN (stages), rm|rn (raster), swN (swizzle), kN (split-K), nopdl (plain launches), swap (A and B swapped)")
     return Schedule(**fields)
 
 

@@ -172,19 +172,22 @@ class ScheduleAttr(ParametrizedAttribute):
     split_k: IntAttr
     arch: StringAttr
     pdl: BoolAttr               # printed only when false, like Schedule.short()'s "_nopdl"
+    swap_ab: BoolAttr           # printed only when true, like Schedule.short()'s "_swap"
 
     @staticmethod
     def from_schedule(s: Schedule) -> "ScheduleAttr":
         return ScheduleAttr(ints_attr(s.tile), ints_attr(s.cluster), StringAttr(str(s.stages)),
                             StringAttr(s.mode), StringAttr(s.raster), IntAttr(int(s.swizzle)),
-                            IntAttr(int(s.split_k)), StringAttr(s.arch), BoolAttr.from_bool(bool(s.pdl)))
+                            IntAttr(int(s.split_k)), StringAttr(s.arch), BoolAttr.from_bool(bool(s.pdl)),
+                            BoolAttr.from_bool(bool(s.swap_ab)))
 
     def to_schedule(self) -> Schedule:
         stages = self.stages.data
         return Schedule(tile=ints_value(self.tile), cluster=ints_value(self.cluster),
                         stages=stages if stages == "auto" else int(stages), mode=self.mode.data,
                         raster=self.raster.data, swizzle=self.swizzle.data, split_k=self.split_k.data,
-                        arch=self.arch.data, pdl=bool(self.pdl.value.data))
+                        arch=self.arch.data, pdl=bool(self.pdl.value.data),
+                        swap_ab=bool(self.swap_ab.value.data))
 
     def verify(self) -> None:
         if len(self.tile.data) != 3:
@@ -211,6 +214,8 @@ class ScheduleAttr(ParametrizedAttribute):
                     print_word(printer, value.data)
             if not self.pdl.value.data:
                 printer.print_string(", pdl = false")
+            if self.swap_ab.value.data:
+                printer.print_string(", swap_ab = true")
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser):
@@ -230,12 +235,15 @@ class ScheduleAttr(ParametrizedAttribute):
                     values[f] = StringAttr(str(n) if n is not None else parse_word(parser, f))
                 else:
                     values[f] = StringAttr(parse_word(parser, f))
-            pdl = True      # absent: on (the text written before pdl existed)
-            if parser.parse_optional_punctuation(","):
-                parser.parse_keyword("pdl")
+            flags = {"pdl": True, "swap_ab": False}     # absent: their defaults (pdl on, not swapped)
+            while parser.parse_optional_punctuation(","):
+                key = parser.parse_identifier("pdl or swap_ab")
+                if key not in flags:
+                    parser.raise_error(f"#gemmc.schedule: unknown flag {key!r}; expected pdl or swap_ab")
                 parser.parse_punctuation("=")
-                pdl = parser.parse_boolean()
-        return (*(values[f] for f in SCHEDULE_FIELDS), BoolAttr.from_bool(pdl))
+                flags[key] = parser.parse_boolean()
+        return (*(values[f] for f in SCHEDULE_FIELDS), BoolAttr.from_bool(flags["pdl"]),
+                BoolAttr.from_bool(flags["swap_ab"]))
 
 
 Gemmc = Dialect("gemmc", [], [TensorType, ScheduleAttr])

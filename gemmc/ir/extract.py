@@ -48,4 +48,5 @@ def plan_from_module(module: ModuleOp) -> KernelPlan:
         mma=Mma(kind=mma.get("kind"), inst_shape=mma.get("inst"), atom_layout=mma.get("atoms"),
                 a_source=mma.get("a_source")),
         epilogue=Epilogue(inputs=spec.inputs, ops=spec.epilogue, store=store.data),
+        swap_ab=bool(kernel.schedule.swap_ab.value.data),
     )

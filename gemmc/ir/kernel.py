@@ -226,7 +226,7 @@ class CopyOp(FactOp):
               ("box", "box", "shape", _REQUIRED), ("swizzle_bytes", "swizzle", "int", _REQUIRED),
               ("multicast", "multicast", "int", 1), ("multicast_along", "along", "word", ""),
               ("vector_bytes", "vector", "int", 16))
-    KINDS: ClassVar[tuple] = ("tma", "tma_store", "cp_async", "ldg")
+    KINDS: ClassVar[tuple] = ("tma", "tma_store", "cp_async", "ldg", "st_global")
 
     def check(self) -> None:
         v = self.values()
@@ -236,7 +236,7 @@ class CopyOp(FactOp):
         self.fail_unless(v["multicast"] >= 1, f"multicast {v['multicast']} must be >= 1")
         self.fail_unless((v["multicast"] > 1) == (v["multicast_along"] in ("m", "n")),
                          "a multicast copy says along m or n; a plain copy says neither")
-        self.fail_unless(v["vector_bytes"] in (4, 8, 16), f"vector {v['vector_bytes']}; use 4, 8 or 16 bytes")
+        self.fail_unless(v["vector_bytes"] in (2, 4, 8, 16), f"vector {v['vector_bytes']}; use 2, 4, 8 or 16 bytes")
 
 
 @irdl_op_definition

@@ -42,6 +42,7 @@ class WarpGroup:                        # assign-warpgroup-roles
 class OperandCopy:                      # tma-cluster-layout
     operand: str                        # "a" | "b" | "c" | an epilogue input name
     kind: str                           # "tma" | "tma_store" | "cp_async" | "ldg" (plain loads: vectors)
+                                        # | "st_global" (plain stores from registers: swapped A/B)
     box: tuple[int, int]                # TMA box (rows, cols) in elements; cp.async: the CTA tile
     swizzle_bytes: int                  # 128 | 64 | 32 | 0
     multicast: int                      # number of CTAs receiving each load (1: none)
@@ -97,6 +98,9 @@ class KernelPlan:
     scheduler: TileScheduler
     mma: Mma
     epilogue: Epilogue
+    # the schedule's swap_ab: tile, cluster and copies are in the kernel's (N, M) terms; the host passes b
+    # as the kernel's A, a as its B, and a transposed view of out
+    swap_ab: bool = False
 
     def copy(self, operand: str) -> OperandCopy:
         for c in self.copies:

@@ -4,7 +4,10 @@ SM90: A is shared by the CTAs of one cluster row, so each of the cluster's N-ext
 1/cluster_n slice and multicasts it (along n); B likewise along m. One TMA box per operand; its
 smem swizzle is the widest of 128/64/32 B that the tile's contiguous extent fills. C goes
 registers -> smem -> TMA store in epilogue sub-tiles.
-SM80: 16-byte cp.async into swizzled smem; the epilogue stores straight from registers."""
+SM80: 16-byte cp.async into swizzled smem; the epilogue stores straight from registers.
+Swapped A and B (schedule swap_ab, SM90): the kernel's A is the problem's b (tile rows bm, multicast
+along n) and its B is a (rows bn, along m); the epilogue stores each element from registers at its
+transposed coordinate, and full epilogue inputs are read the same way (ldg)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,8 +44,10 @@ def operand_copies(s: Schedule, spec: GemmSpec) -> list[CopyOp]:
     cm, cn = s.cluster
     copies = []
     sm90 = s.arch == "sm_90a"
-    for operand, k_major, extent, multicast, along in (("a", spec.a_major == "k", bm, cn, "n"),
-                                                         ("b", spec.b_major == "k", bn, cm, "m")):
+    roles = (("a", spec.a_major == "k", bm, cn, "n"), ("b", spec.b_major == "k", bn, cm, "m"))
+    if s.swap_ab:   # the kernel's A is b, its B is a
+        roles = (("b", spec.b_major == "k", bm, cn, "n"), ("a", spec.a_major == "k", bn, cm, "m"))
+    for operand, k_major, extent, multicast, along in roles:
         if sm90:
             slice_ = extent // multicast
             rows, cols = (slice_, bk) if k_major else (bk, slice_)
@@ -55,12 +60,15 @@ def operand_copies(s: Schedule, spec: GemmSpec) -> list[CopyOp]:
             copies.append(CopyOp.make(operand=operand, kind="cp_async", box=(rows, cols),
                                       swizzle_bytes=swizzle_bytes(cols, spec.dtype), vector_bytes=VECTOR_BYTES))
     em, en = epilogue_tile(s) if sm90 else (bm, bn)
-    if sm90:
+    if sm90 and s.swap_ab:
+        copies.append(CopyOp.make(operand="c", kind="st_global", box=(1, 1), swizzle_bytes=0,
+                                  vector_bytes=spec.out_dtype.bytes))
+    elif sm90:
         copies.append(CopyOp.make(operand="c", kind="tma_store", box=(em, en),
                                   swizzle_bytes=swizzle_bytes(en, spec.out_dtype)))
     for x in spec.inputs:
         if x.kind == "full":
-            if sm90:   # loaded per epilogue sub-tile, through the same smem staging as C
+            if sm90 and not s.swap_ab:   # loaded per epilogue sub-tile, through the same smem staging as C
                 copies.append(CopyOp.make(operand=x.name, kind="tma", box=(em, en),
                                           swizzle_bytes=swizzle_bytes(en, x.dtype)))
             else:
@@ -84,4 +92,5 @@ class TmaClusterLayout(ModulePass):
         kernel.add_fact(ClusterOp.make(shape=s.cluster))
         for copy in operand_copies(s, spec):
             kernel.add_fact(copy)
-        kernel.epilogue_op.properties["store"] = StringAttr("tma" if s.arch == "sm_90a" else "direct")
+        kernel.epilogue_op.properties["store"] = StringAttr("tma" if s.arch == "sm_90a" and not s.swap_ab
+                                                            else "direct")

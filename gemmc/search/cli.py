@@ -44,6 +44,14 @@ def _count(text: str) -> int:
     return n
 
 
+def _schedule_list(text: str) -> list:
+    from ..bench.policy import PolicyError, parse_schedule
+    try:
+        return [parse_schedule(t) for t in text.split(",") if t.strip()]
+    except PolicyError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _strategies(text: str) -> list[str]:
     names = list(STRATEGIES) if text == "all" else [x.strip() for x in text.split(",") if x.strip()]
     bad = [n for n in names if n not in STRATEGIES]
@@ -84,6 +92,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="before each measurement of a shape whose cuBLAS call takes >= 100 us, run cuBLAS back to "
                         "back for S seconds, so schedules are judged at the sustained (power-capped) clock a long "
                         "job runs at; costs S seconds per such measurement (default 0: off)")
+    t.add_argument("--also", type=_schedule_list, default=[], metavar="S1,S2,...",
+                   help="also measure these schedules (schedule strings, e.g. 128x16x64_pp_s12_swap) on every "
+                        "shape where they are valid, after the search; stored with strategy 'also', extra to "
+                        "--budget, ranked with the search's rows; a resumed run skips those stored. For what the "
+                        "strategies do not search, such as swap_ab decode kernels")
     t.add_argument("--no-train-policy", action="store_true", help="skip retraining the policy at the end")
     t.add_argument("--symbolic", action="store_true",
                    help="compile each schedule once for symbolic M, N, K (shared by every shape)")
@@ -173,7 +186,7 @@ def cmd_report(args) -> int:
 
 def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, batch: int, db, builder, runner,
                 gpu_name: str, seed: int = 0, progress: bool = True, symbolic: bool = False,
-                confirm: int = 3) -> list:
+                confirm: int = 3, also=()) -> list:
     """Tune every shape (resuming from what `db` holds); [(shape, BestEntry | None)].
 
     symbolic: compile each schedule once for symbolic M, N, K (one kernel serves every shape, as in
@@ -181,7 +194,9 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
     confirm: once a shape's search budget is spent, re-measure its `confirm` best schedules (paired
     verdict over the search's rows, so the pick does not depend on confirmations already made) once
     more each, stored with strategy "confirm". Those rows are extra to `budget` (which counts distinct
-    schedules), and a resumed run measures only the confirmations not stored yet."""
+    schedules), and a resumed run measures only the confirmations not stored yet.
+    also: schedules measured on every shape where they are valid, after the search and before the
+    confirmations (stored with strategy "also"; extra to `budget`; skipped where stored)."""
     from tqdm import tqdm
 
     from ..spec import GemmSpec
@@ -193,13 +208,18 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
             raise SystemExit(f"{db.path} holds no policy: tune with another strategy first, or "
                              "`gemmc-search import` one, or `gemmc-search train-policy`")
     strat = make_strategy(strategy, seed=seed, **kw)
+    from ..schedule import is_valid
+    from .db import ALSO
     bar = tqdm(total=len(shapes) * (budget + confirm), desc=f"tune ({strategy})", unit="meas", file=sys.stderr,
                dynamic_ncols=True, disable=not progress)
     summary = []
     for sh in shapes:
         spec = GemmSpec(sh.m, sh.n, sh.k, dtype=dtype)
         problem = SearchProblem.of(spec, arch)
-        prior = db.prior(spec, arch, gpu_name)       # one per schedule: confirm rows add none
+        stored = db.prior(spec, arch, gpu_name)      # one per schedule: confirm rows add none
+        # the strategy sees only its own space (an --also schedule such as swap_ab is outside it)
+        cands = set(problem.candidates)
+        prior = [m for m in stored if m.schedule in cands]
         bar.update(min(len(prior), budget))
         bar.set_postfix_str(str(sh))
 
@@ -209,6 +229,12 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
             return _build_and_measure(schedules, spec, kspec, arch, builder, runner, db, gpu_name, label, bar)
 
         run_search(strat, problem, evaluate, budget=max(0, budget - len(prior)), batch=batch, prior=prior)
+        done = {m.schedule for m in stored}
+        todo = [s for s in also if s.arch == arch and is_valid(s, spec) and s not in done]
+        if todo:
+            bar.total += len(todo)
+            bar.set_postfix_str(f"{sh} also")
+            evaluate(todo, ALSO)
         if confirm > 0:
             bar.set_postfix_str(f"{sh} confirm")
             _confirm(spec, arch, gpu_name, confirm, db, bar, evaluate)
@@ -278,7 +304,7 @@ def cmd_tune(args) -> int:
     with Builder(workers=args.workers, timeout_s=args.compile_timeout) as builder:
         summary = tune_shapes(shapes, dtype=args.dtype, arch=args.arch, strategy=args.strategy, budget=args.budget,
                               batch=args.batch, db=db, builder=builder, runner=runner, gpu_name=gpu, seed=args.seed,
-                              symbolic=args.symbolic, confirm=args.confirm)
+                              symbolic=args.symbolic, confirm=args.confirm, also=args.also)
     if not args.no_train_policy and args.strategy != "rl":
         from .rl import train_policy_from_db
         try:

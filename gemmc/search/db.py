@@ -33,6 +33,7 @@ from .strategy import Measurement, schedule_key
 
 SCHEMA_VERSION = 2      # 2: the min-time view best_per_problem is gone (the verdict is paired, in Python)
 CONFIRM = "confirm"     # the strategy of the rows `gemmc-search tune` re-measures after a search
+ALSO = "also"           # the strategy of the rows `gemmc-search tune --also` measures besides the search
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

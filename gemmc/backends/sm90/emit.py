@@ -15,7 +15,9 @@ kernel's prologue (barrier init, descriptor prefetch) overlaps the previous kern
 waits on the grid dependency before its first global memory access. Only the plan's mode is emitted
 (`resolve_mode`). Split-K (plan.scheduler.split_k > 1): the main kernel stores f32 partials to the
 workspace and the shared reduce kernel (backends/common.py) applies the epilogue; both launch from the
-same host function. The PTX comes from compiling with
+same host function. Swapped A and B (plan.swap_ab): the kernel computes out^T = b @ a^T; the host hands it b as A, a as B
+and a transposed view of out, and each output element is stored from registers (st.global) at its
+coordinate in that view. The PTX comes from compiling with
 `--keep-ptx --dump-dir <dir>` (the compiled object's `__ptx__`; see gemmc/build.py).
 """
 from __future__ import annotations
@@ -54,6 +56,12 @@ def _check(plan: KernelPlan) -> None:
         c = plan.copy(op)
         if c.kind != "tma":
             raise BuildError(f"SM90 operand {op} copy kind {c.kind!r}; expected 'tma'")
+    want_c = "st_global" if plan.swap_ab else "tma_store"
+    if plan.copy("c").kind != want_c:
+        raise BuildError(f"SM90 store copy kind {plan.copy('c').kind!r}; expected {want_c!r} "
+                         f"(swap_ab={plan.swap_ab})")
+    if plan.swap_ab and plan.scheduler.split_k > 1:
+        raise BuildError("a swapped (swap_ab) SM90 plan has no split-K path: use split_k=1")
     for inp in plan.epilogue.inputs:
         if inp.kind != "scalar" and inp.dtype not in (DType.bf16, DType.f16, DType.f32):
             raise BuildError(f"epilogue input {inp.name} has dtype {inp.dtype}")
@@ -116,7 +124,11 @@ def _indent(lines, n: int) -> str:
 def emit(plan: KernelPlan) -> EmittedKernel:
     _check(plan)
     p = plan.problem
-    ca, cb, cc = plan.copy("a"), plan.copy("b"), plan.copy("c")
+    swap = plan.swap_ab
+    # the kernel's A and B operands: the problem's a and b, or b and a when swapped
+    ka, kb = ("b", "a") if swap else ("a", "b")
+    ka_major, kb_major = (p.b_major, p.a_major) if swap else (p.a_major, p.b_major)
+    ca, cb, cc = plan.copy(ka), plan.copy(kb), plan.copy("c")
     bm, bn, bk = plan.tile
     cm, cn = plan.cluster
     prod = plan.role("producer")[0]
@@ -170,8 +182,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         PDL = $pdl                              # tile scheduler: pdl (programmatic dependent launch)
     ''', a_dtype=dsl_type(p.a_dtype), b_dtype=dsl_type(p.b_dtype), acc_dtype=dsl_type(p.acc_dtype),
         store_dtype=dsl_type(store_dtype),
-        a_major="K" if p.a_major == "k" else "MN", a_major_s=p.a_major,
-        b_major="K" if p.b_major == "k" else "MN", b_major_s=p.b_major,
+        a_major="K" if ka_major == "k" else "MN", a_major_s=ka_major,
+        b_major="K" if kb_major == "k" else "MN", b_major_s=kb_major,
         bm=bm, bn=bn, bk=bk, cm=cm, cn=cn, a_mc=ca.multicast, b_mc=cb.multicast,
         a_atom=_smem_atom(p.a_major == "k", ca.swizzle_bytes), a_box=ca.box, a_sw=ca.swizzle_bytes,
         b_atom=_smem_atom(p.b_major == "k", cb.swizzle_bytes), b_box=cb.box, b_sw=cb.swizzle_bytes,
@@ -185,6 +197,9 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         swizzle=plan.scheduler.swizzle, split_k=sk, sk_mode=plan.scheduler.split_k_mode,
         max_clusters=_max_clusters(plan), smem_bytes=plan.pipeline.smem_bytes, pdl=plan.scheduler.pdl)
 
+    if swap:
+        facts += ("\nSWAP_AB = True                          # schedule swap_ab: the kernel's A is b, its B is a; "
+                  "out is stored transposed")
     staged = tma_inputs(plan, main_inputs)
     for i in staged:
         c = plan.copy(i.name)
@@ -234,9 +249,10 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         return (f"cute.make_tensor({name}.iterator, cute.append(cute.select({name}.layout, mode={order2}), "
                 f"cute.make_layout(1, stride=0)))")
 
-    a_view = view("a", "[0, 1]", "[1, 2, 0]") if p.a_major == "k" else view("a", "[1, 0]", "[2, 1, 0]")
-    b_view = view("b", "[0, 1]", "[1, 2, 0]") if p.b_major == "k" else view("b", "[1, 0]", "[2, 1, 0]")
-    out_view = view("out", "[0, 1]", "[1, 2, 0]")
+    a_view = view(ka, "[0, 1]", "[1, 2, 0]") if ka_major == "k" else view(ka, "[1, 0]", "[2, 1, 0]")
+    b_view = view(kb, "[0, 1]", "[1, 2, 0]") if kb_major == "k" else view(kb, "[1, 0]", "[2, 1, 0]")
+    # swapped: the kernel's (M, N) is the problem's (N, M), so it sees out transposed
+    out_view = view("out", "[1, 0]", "[2, 1, 0]") if swap else view("out", "[0, 1]", "[1, 2, 0]")
     # the workspace arrives flat (workspace_elems f32); view it as (M, N, SPLIT_K * L), split-major in L
     ws_view = ("cute.make_tensor(workspace.iterator, cute.make_layout("
                "(cute.size(out_mnl, mode=[0]), cute.size(out_mnl, mode=[1]), SPLIT_K * cute.size(out_mnl, mode=[2])), "
@@ -297,8 +313,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                 a_op, a_mkl, cute.slice_(a_smem, (None, None, 0)), (TILE_MNK[0], TILE_MNK[2]), num_multicast=A_MULTICAST)
             tma_b, tma_b_nkl = cpasync.make_tiled_tma_atom(
                 b_op, b_nkl, cute.slice_(b_smem, (None, None, 0)), (TILE_MNK[1], TILE_MNK[2]), num_multicast=B_MULTICAST)
-            tma_c, tma_c_mnl = cpasync.make_tiled_tma_atom(
-                cpasync.CopyBulkTensorTileS2GOp(), $store_target, cute.slice_(c_smem, (None, None, 0)), EPI_TILE)
+        $c_store_host
 
         $staged_host
 
@@ -316,14 +331,17 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                 sC: cute.struct.Align[cute.struct.MemRange[STORE_DTYPE, cute.cosize(c_smem)], 1024]
         $staged_storage
 
-            gemm_kernel(tma_a, tma_a_mkl, tma_b, tma_b_nkl, tma_c, tma_c_mnl, out_mnl, tiled_mma,
+            gemm_kernel(tma_a, tma_a_mkl, tma_b, tma_b_nkl, $c_args, tiled_mma,
                         a_smem, b_smem, c_smem, sched_params, SharedStorage$kernel_in_args).launch(
                 grid=grid, block=[THREADS, 1, 1], cluster=(*CLUSTER_MN, 1), min_blocks_per_mp=1, stream=stream,
                 use_pdl=PDL)
         $reduce_lines
     ''', entry=entry, host_params=host_params, a_view=a_view, b_view=b_view, out_view=out_view,
         ws_line=("    ws_mnl = " + ws_view) if sk > 1 else "",
-        in_views=_indent(in_views, 4), a_k=p.a_major == "k", b_k=p.b_major == "k", store_target=store_target,
+        in_views=_indent(in_views, 4), a_k=p.a_major == "k", b_k=p.b_major == "k", c_args="out_mnl, out_mnl" if swap else "tma_c, tma_c_mnl, out_mnl",
+        c_store_host=_indent(["# swapped A/B: the epilogue stores from registers (no TMA store)"] if swap else [
+            "tma_c, tma_c_mnl = cpasync.make_tiled_tma_atom(",
+            f"    cpasync.CopyBulkTensorTileS2GOp(), {store_target}, cute.slice_(c_smem, (None, None, 0)), EPI_TILE)"], 4),
         kernel_in_args="".join(", " + x for x in kernel_in_args),
         staged_storage=_indent(staged_storage + (["epi_load_barriers: cute.struct.MemRange[cutlass.Int64, 2]"] if staged else []), 8),
         staged_host=_indent(staged_host, 4), reduce_lines=_indent(reduce_lines, 4))
@@ -344,6 +362,8 @@ def _max_clusters(plan: KernelPlan) -> int:
 
 def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> str:
     p = plan.problem
+    # an input's (m, n) in the problem: swapped A/B put the problem's n on the kernel's m coordinate
+    coords = ("en", "em", "el") if plan.swap_ab else ("em", "en", "el")
     kparams = "".join(",\n    " + x for x in input_kernel_params(inputs))
 
     staged = tma_inputs(plan, inputs)
@@ -352,7 +372,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
     staged_loop = ""
     if ops and not staged:
         # epilogue DAG on the accumulator registers (f32), per element, with its (m, n, l) coordinate
-        vals = {i.name: input_value_expr(i, "em", "en", "el") for i in inputs}
+        vals = {i.name: input_value_expr(i, *coords) for i in inputs}
         math_lines, result = epilogue_math_lines(ops, "cutlass.Float32(accumulators[ei])", vals)
         epi_math = _block('''
             # epilogue DAG (kernel-IR epilogue ops) on the accumulators in registers, f32
@@ -367,7 +387,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
     elif ops:
         # full inputs staged through smem by TMA: the DAG runs per epilogue sub-tile, on the registers
         # about to be stored, reading staged inputs at the element's position inside the sub-tile
-        vals = {i.name: input_value_expr(i, "em", "en", "el") for i in inputs}
+        vals = {i.name: input_value_expr(i, *coords) for i in inputs}
         for i in staged:
             vals[i.name] = f"cutlass.Float32(s_{i.name}[(lm, ln, 0)].to(cutlass.Float32))"
         math_lines, result = epilogue_math_lines(ops, "cutlass.Float32(tRS_rC[v])", vals)
@@ -441,7 +461,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
         @cute.kernel
         def gemm_kernel(
             tma_a: cute.CopyAtom, mA_mkl: cute.Tensor, tma_b: cute.CopyAtom, mB_nkl: cute.Tensor,
-            tma_c: cute.CopyAtom, mC_mnl: cute.Tensor, out_mnl: cute.Tensor, tiled_mma: cute.TiledMma,
+            $c_params, tiled_mma: cute.TiledMma,
             a_smem: cute.ComposedLayout, b_smem: cute.ComposedLayout, c_smem: cute.ComposedLayout,
             sched_params: utils.PersistentTileSchedulerParams, SharedStorage: cutlass.Constexpr$kparams,
         ):
@@ -451,7 +471,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
             if warp_idx == 0:
                 cpasync.prefetch_descriptor(tma_a)
                 cpasync.prefetch_descriptor(tma_b)
-                cpasync.prefetch_descriptor(tma_c)
+        $prefetch_c
 
             # cluster position -> multicast masks (A: CTAs sharing this cluster row, B: this column)
             cta_layout_mnk = cute.make_layout((*CLUSTER_MN, 1))
@@ -561,7 +581,11 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
                 tile_sched = utils.StaticPersistentTileScheduler.create(
                     sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
         $consumer
-    ''', kparams=kparams, staged_init=_indent(staged_init.splitlines(), 4), split_decode_p=_indent(split_decode.splitlines(), 12),
+    ''', kparams=kparams,
+        c_params=("mC_mnl: cute.Tensor, out_mnl: cute.Tensor" if plan.swap_ab
+                  else "tma_c: cute.CopyAtom, mC_mnl: cute.Tensor, out_mnl: cute.Tensor"),
+        prefetch_c="" if plan.swap_ab else "        cpasync.prefetch_descriptor(tma_c)",
+        staged_init=_indent(staged_init.splitlines(), 4), split_decode_p=_indent(split_decode.splitlines(), 12),
         consumer=_consumer_source(plan, epi_math, split_decode, pingpong, staged_loop, bool(staged)))
     return src
 
@@ -646,25 +670,7 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
             # ---- epilogue store: sub-tiles through smem, one warp issues the TMA store
             if cutlass.const_expr(PINGPONG):
                 epi_turn.arrive_and_wait()
-            gC_epi = cute.zipped_divide(gC_t, EPI_TILE)
-            bSG_sC, bSG_gC = cpasync.tma_partition(
-                tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi)
-            num_epi = cute.size(gC_epi, mode=[1])
-            epi_grid = cute.make_layout(gC_epi.shape[1], stride=(gC_epi.shape[1][1], 1))
-            for ep in cutlass.range_constexpr(num_epi):
-                for v in cutlass.range_constexpr(cute.size(tRS_rC)):
-                    tRS_rC[v] = tRS_acc[ep * cute.size(tRS_rC) + v]
-        $staged_loop
-                tRS_rC_out.store(tRS_rC.load().to(STORE_DTYPE))
-                buf = (num_tiles_done * num_epi + ep) % EPI_STAGES
-                cute.copy(tiled_r2s, tRS_rC_out, tRS_sC[(None, None, None, buf)])
-                cute.arch.fence_proxy("async.shared", space="cta")
-                epi_barrier.arrive_and_wait()
-                if store_warp:
-                    cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_grid.get_hier_coord(ep))])
-                    store_pipeline.producer_commit()
-                    store_pipeline.producer_acquire()
-                epi_barrier.arrive_and_wait()
+            $store
             if cutlass.const_expr(PINGPONG):
                 # the other warpgroup reuses the C buffers: drain this tile's TMA stores first
                 if store_warp:
@@ -678,9 +684,43 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
     ''', split_decode=_indent(split_decode.splitlines(), 4), epi_math=_indent_tail(epi_math, 4),
         staged_setup=("epi_bar = epi_load_bar + (consumer_wg if PINGPONG else 0)\nepi_phase = cutlass.Int32(0)"
                       if staged else ""),
-        staged_loop=_indent(staged_loop.splitlines(), 8),
+        store=_indent_tail(Template(_STORE_DIRECT if plan.swap_ab else _STORE_TMA).substitute(
+            staged_loop=_indent(staged_loop.splitlines(), 4)).strip("\n"), 4),
         skip_first=_indent_tail(_skip_stages("first"), 8), skip_other=_indent_tail(_skip_stages("other"), 8))
     return _indent(body.splitlines(), 8)
+
+
+# the epilogue's store: registers -> smem (stmatrix) -> TMA store, EPI_TILE sub-tiles, EPI_STAGES buffers
+_STORE_TMA = '''
+gC_epi = cute.zipped_divide(gC_t, EPI_TILE)
+bSG_sC, bSG_gC = cpasync.tma_partition(
+    tma_c, 0, cute.make_layout(1), cute.group_modes(sC, 0, 2), gC_epi)
+num_epi = cute.size(gC_epi, mode=[1])
+epi_grid = cute.make_layout(gC_epi.shape[1], stride=(gC_epi.shape[1][1], 1))
+for ep in cutlass.range_constexpr(num_epi):
+    for v in cutlass.range_constexpr(cute.size(tRS_rC)):
+        tRS_rC[v] = tRS_acc[ep * cute.size(tRS_rC) + v]
+$staged_loop
+    tRS_rC_out.store(tRS_rC.load().to(STORE_DTYPE))
+    buf = (num_tiles_done * num_epi + ep) % EPI_STAGES
+    cute.copy(tiled_r2s, tRS_rC_out, tRS_sC[(None, None, None, buf)])
+    cute.arch.fence_proxy("async.shared", space="cta")
+    epi_barrier.arrive_and_wait()
+    if store_warp:
+        cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_grid.get_hier_coord(ep))])
+        store_pipeline.producer_commit()
+        store_pipeline.producer_acquire()
+    epi_barrier.arrive_and_wait()
+'''
+
+# swapped A/B: each element from registers straight to global memory, at its coordinate in the transposed
+# view of out (the kernel's tile is out's transpose; its rows are out's columns)
+_STORE_DIRECT = '''
+tCcS = thr_mma_c.partition_C(cC_mnl[(None, None, tile_m, tile_n, tile_l)])
+for si in cutlass.range_constexpr(cute.size(accumulators)):
+    if tCcS[si][0] < num_m and tCcS[si][1] < num_n:
+        out_mnl[(tCcS[si][0], tCcS[si][1], tile_l)] = cutlass.Float32(accumulators[si]).to(STORE_DTYPE)
+'''
 
 
 def _skip_stages(work: str) -> str:

@@ -1,0 +1,96 @@
+"""swap_ab (SM90): the kernel computes out^T = b @ a^T. The knob through the stack on the CPU: the
+schedule predicate and its spellings, the IR text, the copies the tma-cluster-layout pass records,
+the emitted host views and store, and the PTX. (GPU checks: tests/test_gpu_sm90.py.)"""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from gemmc import check_schedule
+from gemmc.backends.sm90 import emit
+from gemmc.bench.policy import parse_schedule
+from gemmc.compiler import lower
+from gemmc.errors import BuildError
+from gemmc.ir import make_context
+from gemmc.ir.attrs import ScheduleAttr
+from gemmc.schedule import Schedule
+from gemmc.spec import EpilogueInput, EpilogueOp, GemmSpec, Ref
+
+from emit_support import compiled_ptx
+
+SWAP = Schedule(tile=(128, 16, 64), mode="pingpong", stages=12, swap_ab=True)
+EPI = GemmSpec(m="M", n="N", k="K", inputs=(EpilogueInput("bias", "row"), EpilogueInput("res", "full", "bf16")),
+               epilogue=(EpilogueOp("add", (Ref.acc(), Ref.input("bias"))),
+                         EpilogueOp("add", (Ref.node(0), Ref.input("res")))))
+
+
+def test_the_schedule_spells_and_checks_the_swap():
+    assert SWAP.short().endswith("_k1_swap") and SWAP.to_dict()["swap_ab"] is True
+    assert "swap_ab" not in SWAP.with_(swap_ab=False).to_dict()     # old dicts and DB keys stay the same
+    assert Schedule.from_dict(SWAP.to_dict()) == SWAP
+    assert parse_schedule("128x16x64_pp_s12_swap") == SWAP
+    spec = GemmSpec(m=16, n=4096, k=4096)
+    assert not check_schedule(SWAP, spec)
+    assert [v.limit for v in check_schedule(SWAP.with_(split_k=2), spec)] == ["swap_ab with split_k"]
+    sm80 = check_schedule(Schedule(tile=(128, 128, 32), arch="sm_80", swap_ab=True), spec)
+    assert [v.limit for v in sm80] == ["swap_ab"] and "SM90-only" in str(sm80[0])
+
+
+@given(swap=st.booleans(), pdl=st.booleans())
+@settings(max_examples=8, deadline=None)
+def test_the_schedule_attribute_prints_and_parses_back(swap, pdl):
+    from xdsl.parser import Parser
+    attr = ScheduleAttr.from_schedule(SWAP.with_(swap_ab=swap, pdl=pdl))
+    text = str(attr)
+    assert ("swap_ab = true" in text) == swap and ("pdl = false" in text) == (not pdl)
+    back = Parser(make_context(), text).parse_attribute()
+    assert back == attr and back.to_schedule() == SWAP.with_(swap_ab=swap, pdl=pdl)
+
+
+def test_the_pass_gives_b_the_kernels_a_role_and_stores_from_registers():
+    texts, plan = lower(EPI, SWAP.with_(cluster=(1, 2), tile=(128, 32, 64), stages="auto"))
+    assert plan.swap_ab
+    a, b, c = plan.copy("a"), plan.copy("b"), plan.copy("c")
+    assert b.box[0] == 128 // 2 and b.multicast == 2 and b.multicast_along == "n"   # b: the kernel's A
+    assert a.box[0] == 32 and a.multicast == 1                                       # a: the kernel's B
+    assert c.kind == "st_global" and plan.epilogue.store == "direct"
+    assert plan.copy("res").kind == "ldg" and plan.copy("bias").kind == "ldg"
+    assert "swap_ab = true" in texts["tma-cluster-layout"] and "st_global" in texts["tma-cluster-layout"]
+
+
+def test_the_emitted_host_swaps_the_operands_and_views_out_transposed():
+    _, plan = lower(EPI, SWAP)
+    src = emit(plan).source
+    assert "a_mkl = cute.make_tensor(b.iterator" in src and "b_nkl = cute.make_tensor(a.iterator" in src
+    assert "out_mnl = cute.make_tensor(out.iterator, cute.append(cute.select(out.layout, mode=[1, 0])" in src
+    assert "tma_c" not in src and "SWAP_AB = True" in src
+    # the problem's n is the kernel's m: a row input is read at the kernel's m coordinate
+    assert "bias_v[(em, el)]" in src and "res_v[(en, em, el)]" in src
+    assert "out_mnl[(tCcS[si][0], tCcS[si][1], tile_l)] = " in src
+    # the user's argument order and shapes are unchanged
+    assert [(p.name, p.shape) for p in emit(plan).params] == [
+        ("a", ("M", "K")), ("b", ("N", "K")), ("out", ("M", "N")), ("bias", ("N",)), ("res", ("M", "N"))]
+    plain = emit(lower(EPI, SWAP.with_(swap_ab=False, stages="auto"))[1]).source
+    assert "SWAP_AB" not in plain and "tma_c, tma_c_mnl = cpasync.make_tiled_tma_atom(" in plain
+
+
+def test_a_swapped_plan_with_split_k_is_refused():
+    _, plan = lower(GemmSpec(m="M", n="N", k="K"), SWAP)
+    bad = replace(plan, scheduler=replace(plan.scheduler, split_k=2, split_k_mode="serial"))
+    with pytest.raises(BuildError, match="split_k=1"):
+        emit(bad)
+
+
+@pytest.mark.parametrize("sched", [SWAP, SWAP.with_(tile=(128, 64, 64), mode="cooperative", stages="auto",
+                                                    cluster=(2, 1))], ids=["pp_128x16", "coop_128x64_c2x1"])
+def test_ptx_loads_with_tma_and_stores_from_registers(sched):
+    _, plan = lower(GemmSpec(m="M", n="N", k="K"), sched)
+    ptx = compiled_ptx(emit(plan))
+    for inst in ("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg", "st.global"):
+        assert inst in ptx, inst
+    assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)   # no TMA store
+    assert (".multicast::cluster" in ptx) == (sched.cluster != (1, 1))
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{sched.tile[1]}k16", ptx)
