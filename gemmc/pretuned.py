@@ -2,7 +2,8 @@
 tuning of one's own (gemmc/dispatch.py consults them after the user's tuning DB).
 
 A table (gemmc/pretuned_data/<gpu>.json) holds, per shape, the fastest schedule of a recorded sweep
-(bench/data) and the cuBLAS time measured beside it. It is built by `scripts/build_pretuned.py` and
+(bench/data) and the cuBLAS time measured beside it; where a tuning-DB export of the same GPU has the shape,
+its paired verdict (confirmed re-measurements, schedules the sweep never had, such as swap_ab) wins. It is built by `scripts/build_pretuned.py` and
 applies to the problem class it was measured on: bf16 in and out, f32 accumulation, A [M, K] and
 B [N, K] (`a @ b.T`), unbatched. A GEMM with a fused epilogue of that class takes the schedule too (the
 main loop is the same), but never the cuBLAS fallback: cuBLAS would need extra passes for the epilogue.
@@ -115,6 +116,13 @@ def build_table(records: Iterable[dict], gpu: str, arch: str, source: str) -> Pr
             best[key] = PretunedEntry(*key, Schedule.from_dict(r["schedule"]), float(r["time_us"]),
                                       float(r["cublas_us"]))
     return PretunedTable(gpu, as_arch(arch), source, best)
+
+
+def with_entries(table: PretunedTable, entries: Iterable[PretunedEntry], source: str) -> PretunedTable:
+    """`table` with `entries` laid over it: an entry of a shape the table has replaces the table's."""
+    merged = dict(table.entries)
+    merged.update({(e.m, e.n, e.k): e for e in entries})
+    return PretunedTable(table.gpu, table.arch, ", ".join(x for x in (table.source, source) if x), merged)
 
 
 @lru_cache(maxsize=None)

@@ -141,9 +141,10 @@ def test_compile_auto_says_which_step_chose_and_when_cublas_runs(capsys, shipped
 
 
 def test_compile_auto_with_symbolic_m_prints_the_choice_per_m(capsys, shipped_only):
-    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "M", "--n", "8192", "--k", "28672")
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "M", "--n", "4096", "--k", "14336")
     assert rc == 0
     lines = [ln for ln in out.splitlines() if ln.startswith("//   M ")]
     assert lines[0].startswith("//   M 1..") and lines[-1].endswith("[heuristic]") and re.match(r"//   M \d+\.\.: ", lines[-1])
-    assert any("torch.matmul [pretuned]" in ln for ln in lines)                    # M = 16: cuBLAS won
+    assert lines[0] == "//   M 1..2: torch.matmul [pretuned]"                       # M = 1: cuBLAS won
+    assert any(ln.startswith("//   M 5..32: ") and ln.endswith("_swap [pretuned]") for ln in lines)   # M = 16
     assert any(ln.startswith("//   M 33..64: 64x64x64_c1x1_pp") for ln in lines)   # the measured winner

@@ -25,40 +25,40 @@ def test_runtime_m_reads_the_a_operand():
 
 
 def test_each_bucket_takes_the_shipped_choice_at_its_m(shipped_only):
-    won = shipped_only.entries[(64, 8192, 28672)]
-    lost = shipped_only.entries[(16, 8192, 28672)]
+    won = shipped_only.entries[(64, 4096, 14336)]
+    lost = shipped_only.entries[(1, 4096, 14336)]
     assert not won.cublas_faster and lost.cublas_faster
-    k = gemmc.compile(gemmc.GemmSpec("M", 8192, 28672), schedule="auto")
+    k = gemmc.compile(gemmc.GemmSpec("M", 4096, 14336), schedule="auto")
     assert k.m_buckets is not None and k.decision.source == "heuristic"    # the default: no M known
     d, kernel = k.for_m(64)
     assert d.source == "pretuned" and isinstance(kernel, CompiledGemm) and kernel.schedule == won.schedule
     assert k.for_m(33)[1] is kernel                     # 33 rounds up to the 64 bucket: the same kernel
     assert kernel.spec.m == "M"                         # compiled for the symbolic spec: serves every M
-    d, kernel = k.for_m(16)
+    d, kernel = k.for_m(1)
     assert d.source == "pretuned" and d.use_cublas and kernel is None
     table = dict(k.m_buckets.table())
     assert set(table) == set(BUCKETS) and table[64].schedule == won.schedule
 
 
 def test_calls_route_by_m(shipped_only, monkeypatch):
-    k = gemmc.compile(gemmc.GemmSpec("M", 8192, 28672), schedule="auto")
-    a, b = torch.randn(16, 28672), torch.randn(8192, 28672)
-    assert torch.allclose(k(a, b), a @ b.T, rtol=1e-4, atol=1e-3)      # bucket 16: torch.matmul, no kernel
+    k = gemmc.compile(gemmc.GemmSpec("M", 4096, 14336), schedule="auto")
+    a, b = torch.randn(1, 14336), torch.randn(4096, 14336)
+    assert torch.allclose(k(a, b), a @ b.T, rtol=1e-4, atol=1e-3)      # bucket 1: torch.matmul, no kernel
     launched = []
     monkeypatch.setattr(CompiledGemm, "launcher", property(lambda self: lambda *x, **kw: launched.append(self)))
-    k(torch.randn(40, 28672), b)                                       # bucket 64: its own kernel
-    assert [x.schedule for x in launched] == [shipped_only.entries[(64, 8192, 28672)].schedule]
+    k(torch.randn(40, 14336), b)                                       # bucket 64: its own kernel
+    assert [x.schedule for x in launched] == [shipped_only.entries[(64, 4096, 14336)].schedule]
 
 
 def test_calls_with_named_operands_route_by_m(shipped_only, monkeypatch):
-    k = gemmc.compile(gemmc.GemmSpec("M", 8192, 28672), schedule="auto")
-    a, b = torch.randn(16, 28672), torch.randn(8192, 28672)
+    k = gemmc.compile(gemmc.GemmSpec("M", 4096, 14336), schedule="auto")
+    a, b = torch.randn(1, 14336), torch.randn(4096, 14336)
     launched = []
     monkeypatch.setattr(CompiledGemm, "launcher", property(lambda self: lambda *x, **kw: launched.append(self)))
-    out = k(a=a, b=b)                                   # bucket 16: torch.matmul, as k(a, b) does
+    out = k(a=a, b=b)                                   # bucket 1: torch.matmul, as k(a, b) does
     assert not launched and torch.allclose(out, a @ b.T, rtol=1e-4, atol=1e-3)
-    k(a=torch.randn(40, 28672), b=b)                     # bucket 64: its own kernel, not the default
-    assert [x.schedule for x in launched] == [shipped_only.entries[(64, 8192, 28672)].schedule]
+    k(a=torch.randn(40, 14336), b=b)                     # bucket 64: its own kernel, not the default
+    assert [x.schedule for x in launched] == [shipped_only.entries[(64, 4096, 14336)].schedule]
 
 
 def test_an_empty_a_takes_the_default_path(shipped_only, monkeypatch):

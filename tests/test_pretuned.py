@@ -18,6 +18,7 @@ from gemmc.spec import EpilogueInput, EpilogueOp, Ref
 ROOT = Path(__file__).resolve().parent.parent
 DATA = sorted((ROOT / "bench" / "data").glob("2026-11-30-h200-sweep*.jsonl.gz"))
 H200 = "NVIDIA H200"
+TUNED = ROOT / "bench" / "results" / "2026-11-30-h200-llm-tuning-db-session5.json"   # gemmc-search export
 
 
 def h200():
@@ -30,18 +31,19 @@ def test_the_h200_table_is_built_from_the_committed_sweeps(tmp_path):
     """The shipped file is exactly what scripts/build_pretuned.py makes of bench/data."""
     out = tmp_path / "h200.json"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_pretuned.py"), *map(str, DATA),
-                           "--gpu", H200, "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+                           "--tuned", str(TUNED), "--gpu", H200, "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text()) == json.loads((DATA_DIR / "h200.json").read_text())
-    assert "100 shapes" in proc.stdout
+    assert "100 shapes" in proc.stdout and "64 shapes from the tuning DB" in proc.stdout
 
 
 def test_each_entry_is_the_best_refined_ratio_of_its_shape():
     records = [r for p in DATA for r in load_dataset(p)[1]]
     t = h200()
     assert len(t.entries) == 100
-    e = t.entries[(4096, 4096, 4096)]
-    refined = [r for r in records if (r["m"], r["n"], r["k"]) == (4096, 4096, 4096) and r.get("refined")]
+    e = t.entries[(2048, 2048, 2048)]                 # a shape the tuning DB does not have: the sweep's best
+    refined = [r for r in records if (r["m"], r["n"], r["k"]) == (2048, 2048, 2048) and r.get("refined")]
     best = max(refined, key=lambda r: r["cublas_us"] / r["time_us"])
     assert e.schedule == Schedule.from_dict(best["schedule"]) and e.time_us == best["time_us"]
     # short-pass records never compete: a table built from them alone is empty
@@ -164,3 +166,17 @@ def test_an_unmeasured_plain_gemm_takes_the_neighbours_verdict(tmp_path):
     far = gemmc.GemmSpec(8, 200000, 100000)                 # nothing measured within 8x: no verdict
     assert h200().predicted_cublas_faster(far) is None
     assert not resolve_auto(far, "sm_90a", db=empty, gpu_name=H200).use_cublas
+
+
+def test_tuned_shapes_take_the_tuning_dbs_paired_verdict(tmp_path):
+    """Where the committed tuning-DB export has a shape, the table holds that DB's best (paired verdict)."""
+    from gemmc.search.db import TuningDB
+    db = TuningDB(tmp_path / "t.sqlite")
+    db.import_(TUNED)
+    t = h200()
+    for m, n, k in ((16, 4096, 4096), (1, 4096, 14336), (4096, 4096, 4096)):
+        best = db.best(gemmc.GemmSpec(m, n, k), "sm_90a", H200)
+        e = t.entries[(m, n, k)]
+        assert (e.schedule, e.time_us, e.cublas_us) == (best.schedule, best.time_us, best.cublas_us)
+    assert t.entries[(16, 4096, 4096)].schedule.swap_ab and not t.entries[(16, 4096, 4096)].cublas_faster
+    assert t.entries[(1, 4096, 14336)].cublas_faster      # measured and lost: auto runs torch.matmul there
