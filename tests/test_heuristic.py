@@ -48,22 +48,34 @@ def test_picks_reach_the_measured_best_on_the_h200_sweeps():
 
 
 @pytest.mark.parametrize("m, n, k", [(1, 4096, 14336), (16, 4096, 14336), (1, 8192, 28672)])
-def test_decode_with_few_tiles_and_long_k_picks_split_k(m, n, k):
-    s = choose_schedule(spec(m, n, k), "sm_90a")     # measured: split-K 3..6 beats 1 by 10-35% here
+def test_decode_with_few_tiles_and_long_k_ranks_split_k_first(m, n, k):
+    s = rank_schedules(spec(m, n, k), "sm_90a")[0][1]   # measured: split-K 3..6 beats 1 by 10-35% here
     assert s.tile[0] == 64 and s.mode == "pingpong" and s.split_k > 1
+
+
+@pytest.mark.parametrize("m, n, k, swapped", [(1, 4096, 14336, True), (16, 57344, 8192, True), (17, 4096, 4096, False),
+                                              (16, 2048, 4096, False), (16, 4096, 1024, False)])
+def test_decode_takes_the_measured_swap_rule(m, n, k, swapped):
+    from gemmc.heuristic import DECODE_SWAP
+    s = choose_schedule(spec(m, n, k), "sm_90a")
+    assert (s == DECODE_SWAP) == swapped
+    assert choose_schedule(spec(m, n, k), "sm_80").arch == "sm_80"          # SM90 only
+    assert choose_schedule(spec("M", n, k), m_hint=m) == s                  # a hinted symbolic M: the same
+    assert choose_schedule(spec("M", n, k)) != DECODE_SWAP                  # no hint: M reads 4096
 
 
 @pytest.mark.parametrize("m, n", [(1, 14336), (8, 14336), (64, 14336)])
 def test_decode_fills_the_machine(m, n):
-    s = choose_schedule(spec(m, n, 4096), "sm_90a")
+    s = rank_schedules(spec(m, n, 4096), "sm_90a")[0][1]
     e = estimate(s, spec(m, n, 4096))
     assert s.tile[0] == 64 and s.mode == "pingpong"
     assert e.wave_efficiency >= 0.8
 
 
 def test_16_bit_inputs_use_bk64():
+    # the model's pick (the decode rule's measured kernel at M <= 16 has its own K tile)
     for shape in [(4096, 4096, 4096), (16, 4096, 4096), (1000, 3000, 512), (512, 512, 16384)]:
-        assert choose_schedule(spec(*shape), "sm_90a").tile[2] == 64
+        assert rank_schedules(spec(*shape), "sm_90a")[0][1].tile[2] == 64
 
 
 def test_split_k_for_small_mn_large_k_and_not_for_big_problems():
