@@ -94,3 +94,18 @@ def test_ptx_loads_with_tma_and_stores_from_registers(sched):
     assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)   # no TMA store
     assert (".multicast::cluster" in ptx) == (sched.cluster != (1, 1))
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{sched.tile[1]}k16", ptx)
+
+
+@pytest.mark.parametrize("a_layout, b_layout", [("mk", "kn"), ("km", "nk")])
+def test_mixed_majors_follow_the_operand_each_kernel_side_reads(a_layout, b_layout):
+    """Swapped, the kernel's A is b: its major mode and smem atom come from b's layout, and B's from a's."""
+    spec = GemmSpec(m="M", n="N", k="K", a_layout=a_layout, b_layout=b_layout)
+    _, plan = lower(spec, SWAP.with_(stages="auto"))
+    src = emit(plan).source
+    facts = {ln.split("=")[0].strip(): ln.split("=", 1)[1].split("#")[0].strip()
+             for ln in src.splitlines() if re.match(r"^[A-Z_]+ = ", ln)}
+    b_k, a_k = b_layout == "nk", a_layout == "mk"
+    assert facts["A_MAJOR"].endswith(".K" if b_k else ".MN") and facts["B_MAJOR"].endswith(".K" if a_k else ".MN")
+    assert (".K_" in facts["A_SMEM_ATOM"]) == b_k and (".K_" in facts["B_SMEM_ATOM"]) == a_k
+    assert f"a_major_is_k = {b_k}" in src and f"b_major_is_k = {a_k}" in src   # smem layouts likewise
+    assert "wgmma.mma_async" in compiled_ptx(emit(plan))

@@ -15,9 +15,9 @@ kernel's prologue (barrier init, descriptor prefetch) overlaps the previous kern
 waits on the grid dependency before its first global memory access. Only the plan's mode is emitted
 (`resolve_mode`). Split-K (plan.scheduler.split_k > 1): the main kernel stores f32 partials to the
 workspace and the shared reduce kernel (backends/common.py) applies the epilogue; both launch from the
-same host function. Swapped A and B (plan.swap_ab): the kernel computes out^T = b @ a^T; the host hands it b as A, a as B
-and a transposed view of out, and each output element is stored from registers (st.global) at its
-coordinate in that view. The PTX comes from compiling with
+same host function. Swapped A and B (plan.swap_ab): the kernel computes out^T = b @ a^T; the host
+hands it b as A, a as B and a transposed view of out, and each output element is stored from registers
+(st.global) at its coordinate in that view. The PTX comes from compiling with
 `--keep-ptx --dump-dir <dir>` (the compiled object's `__ptx__`; see gemmc/build.py).
 """
 from __future__ import annotations
@@ -185,8 +185,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         a_major="K" if ka_major == "k" else "MN", a_major_s=ka_major,
         b_major="K" if kb_major == "k" else "MN", b_major_s=kb_major,
         bm=bm, bn=bn, bk=bk, cm=cm, cn=cn, a_mc=ca.multicast, b_mc=cb.multicast,
-        a_atom=_smem_atom(p.a_major == "k", ca.swizzle_bytes), a_box=ca.box, a_sw=ca.swizzle_bytes,
-        b_atom=_smem_atom(p.b_major == "k", cb.swizzle_bytes), b_box=cb.box, b_sw=cb.swizzle_bytes,
+        a_atom=_smem_atom(ka_major == "k", ca.swizzle_bytes), a_box=ca.box, a_sw=ca.swizzle_bytes,
+        b_atom=_smem_atom(kb_major == "k", cb.swizzle_bytes), b_box=cb.box, b_sw=cb.swizzle_bytes,
         c_atom=_smem_atom(store_major_is_k, cc.swizzle_bytes), c_box=cc.box, c_sw=cc.swizzle_bytes,
         stages=plan.pipeline.stages, epi_stages=plan.pipeline.epi_stages,
         em=plan.pipeline.epi_tile[0], en=plan.pipeline.epi_tile[1],
@@ -338,7 +338,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         $reduce_lines
     ''', entry=entry, host_params=host_params, a_view=a_view, b_view=b_view, out_view=out_view,
         ws_line=("    ws_mnl = " + ws_view) if sk > 1 else "",
-        in_views=_indent(in_views, 4), a_k=p.a_major == "k", b_k=p.b_major == "k", c_args="out_mnl, out_mnl" if swap else "tma_c, tma_c_mnl, out_mnl",
+        in_views=_indent(in_views, 4), a_k=ka_major == "k", b_k=kb_major == "k",
+        c_args="out_mnl, out_mnl" if swap else "tma_c, tma_c_mnl, out_mnl",
         c_store_host=_indent(["# swapped A/B: the epilogue stores from registers (no TMA store)"] if swap else [
             "tma_c, tma_c_mnl = cpasync.make_tiled_tma_atom(",
             f"    cpasync.CopyBulkTensorTileS2GOp(), {store_target}, cute.slice_(c_smem, (None, None, 0)), EPI_TILE)"], 4),
