@@ -268,7 +268,10 @@ def test_tune_also_measures_listed_schedules_once_and_keeps_them_out_of_the_stra
     assert len(ex.schedules) == 6 and not any(s.swap_ab for s in ex.schedules)
 
 
-def test_tune_also_rejects_a_bad_schedule_string(tmp_path, capsys):
+def test_tune_also_rejects_a_bad_schedule_string_and_another_arch(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--db", str(tmp_path / "t.sqlite"), "tune", "--suite", "llm", "--also", "128x16x64_pp_bogus"])
     assert "bogus" in capsys.readouterr().err
+    assert main(["--db", str(tmp_path / "t.sqlite"), "tune", "--suite", "llm", "--arch", "sm_80",
+                 "--also", "128x16x64_pp_swap"]) == 2
+    assert "--arch sm_80" in capsys.readouterr().err

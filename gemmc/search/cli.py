@@ -294,6 +294,11 @@ def cmd_tune(args) -> int:
     if args.settle_s < 0:
         print("gemmc-search tune: --settle-s must be >= 0 (seconds; 0 turns settling off)", file=sys.stderr)
         return 2
+    from ..types import as_arch
+    if any(s.arch != as_arch(args.arch) for s in args.also):
+        print(f"gemmc-search tune: --also schedules are read as sm_90a (swap_ab is SM90-only); they cannot "
+              f"run under --arch {args.arch}: drop --also or tune sm_90a", file=sys.stderr)
+        return 2
     runner = Runner(timing=TimingConfig(settle_s=args.settle_s))
     gpu = runner.gpu_name()
     if gpu == "cpu":
