@@ -48,7 +48,7 @@ def _stages(text: str):
     return text if text == "auto" else int(text)
 
 
-SCHEDULE_FLAGS = ("tile", "cluster", "stages", "mode", "raster", "swizzle", "split_k", "pdl")
+SCHEDULE_FLAGS = ("tile", "cluster", "stages", "mode", "raster", "swizzle", "split_k", "pdl", "swap_ab")
 
 
 def add_problem_and_schedule_args(p) -> None:
@@ -77,6 +77,9 @@ def add_problem_and_schedule_args(p) -> None:
     sch.add_argument("--split-k", type=int)
     sch.add_argument("--no-pdl", dest="pdl", action="store_const", const=False, default=None,
                      help="plain launches, not programmatic dependent ones (sm_90a; sm_80 kernels always launch plain)")
+    sch.add_argument("--swap-ab", dest="swap_ab", action="store_const", const=True, default=None,
+                     help="swap A and B (sm_90a, split-K 1): the kernel computes out^T = b @ a^T, --tile and "
+                          "--cluster read N first; for decode shapes (M <= 16)")
 
 
 def add_compile_parser(sub) -> None:

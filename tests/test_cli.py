@@ -56,6 +56,16 @@ def test_compile_no_pdl_launches_plain(capsys):
     assert rc == 0 and "split_k_mode serial pdl true\n" in out
 
 
+def test_compile_swap_ab_prints_the_swapped_schedule_and_ir(capsys):
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "16", "--n", "4096", "--k", "4096", "--tile", "64x16x128",
+                           "--mode", "pingpong", "--stages", "10", "--swap-ab")
+    assert rc == 0
+    assert out.startswith("// schedule: 64x16x128_c1x1_pp_s10_rm_sw1_k1_swap (sm_90a)\n")
+    assert "swap_ab = true" in out and "st_global" in out
+    rc, _, err = gemmc_cmd(capsys, "compile", "--m", "16", "--n", "4096", "--k", "4096", "--split-k", "2", "--swap-ab")
+    assert rc != 0 and "swap_ab with split_k" in err
+
+
 def test_compile_emit_source(capsys):
     rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "4096", "--n", "4096", "--k", "4096", "--emit", "source")
     assert rc == 0 and "import cutlass" in out
