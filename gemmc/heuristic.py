@@ -265,9 +265,10 @@ def choose_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = 
                     space: ScheduleSpace | None = None) -> Schedule:
     """The best-scoring valid schedule; ScheduleError (with the default schedule's violations) if none is.
     Decode shapes on sm_90a take the measured swap_ab rule first (docstring, step 7)."""
-    decode = decode_schedule(spec, arch, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint)
-    if decode is not None and space is None:
-        return decode
+    if space is None:           # the rule is for the standard space; a caller's own space is searched as given
+        decode = decode_schedule(spec, arch, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint)
+        if decode is not None:
+            return decode
     ranked = rank_schedules(spec, arch, num_sms=num_sms, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint,
                             space=space)
     if not ranked:

@@ -64,7 +64,8 @@ def parse_schedule(text: str, arch: str = "sm_90a") -> Schedule:
             put("swap_ab", True, tok)
         else:
             raise PolicyError(f"schedule {text!r}: unknown token {tok!r}; use cMxN (cluster), coop|pp (mode), "
-                              "sN (stages), rm|rn (raster), swN (swizzle), kN (split-K), nopdl (plain launches), swap (A and B swapped)")
+                              "sN (stages), rm|rn (raster), swN (swizzle), kN (split-K), nopdl (plain launches), "
+                              "swap (A and B swapped)")
     return Schedule(**fields)
 
 

@@ -199,7 +199,9 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
     confirmations (stored with strategy "also"; extra to `budget`; skipped where stored)."""
     from tqdm import tqdm
 
+    from ..schedule import is_valid
     from ..spec import GemmSpec
+    from .db import ALSO
     from .strategy import SearchProblem, make_strategy, run_search
     kw = {}
     if strategy == "rl":
@@ -208,8 +210,6 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
             raise SystemExit(f"{db.path} holds no policy: tune with another strategy first, or "
                              "`gemmc-search import` one, or `gemmc-search train-policy`")
     strat = make_strategy(strategy, seed=seed, **kw)
-    from ..schedule import is_valid
-    from .db import ALSO
     bar = tqdm(total=len(shapes) * (budget + confirm), desc=f"tune ({strategy})", unit="meas", file=sys.stderr,
                dynamic_ncols=True, disable=not progress)
     summary = []

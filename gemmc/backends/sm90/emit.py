@@ -342,7 +342,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         c_args="out_mnl, out_mnl" if swap else "tma_c, tma_c_mnl, out_mnl",
         c_store_host=_indent(["# swapped A/B: the epilogue stores from registers (no TMA store)"] if swap else [
             "tma_c, tma_c_mnl = cpasync.make_tiled_tma_atom(",
-            f"    cpasync.CopyBulkTensorTileS2GOp(), {store_target}, cute.slice_(c_smem, (None, None, 0)), EPI_TILE)"], 4),
+            f"    cpasync.CopyBulkTensorTileS2GOp(), {store_target}, cute.slice_(c_smem, (None, None, 0)), "
+            "EPI_TILE)"], 4),
         kernel_in_args="".join(", " + x for x in kernel_in_args),
         staged_storage=_indent(staged_storage + (["epi_load_barriers: cute.struct.MemRange[cutlass.Int64, 2]"] if staged else []), 8),
         staged_host=_indent(staged_host, 4), reduce_lines=_indent(reduce_lines, 4))
