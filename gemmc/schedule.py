@@ -329,7 +329,9 @@ def require_valid(s: Schedule, spec: GemmSpec) -> None:
 class ScheduleSpace:
     """The axes the search and the heuristic enumerate. Cartesian product, filtered by the predicate."""
     tile_m: tuple[int, ...] = (64, 128, 256)
-    tile_n: tuple[int, ...] = (64, 128, 192, 256)
+    # 96, 160 and 224 balance waves: N/BN lands near a multiple of the SM count (e.g. 28672/224 = 128
+    # tiles on 132 SMs), where the powers of two strand SMs in a last partial wave (measured on the H200)
+    tile_n: tuple[int, ...] = (64, 96, 128, 160, 192, 224, 256)
     tile_k: tuple[int, ...] = (64,)
     clusters: tuple[tuple[int, int], ...] = ((1, 1), (2, 1), (1, 2), (2, 2))
     modes: tuple[str, ...] = MODES

@@ -74,6 +74,12 @@ VARIANTS = {
     "splitk2_tn": ({}, S((128, 128, 64), split_k=2)),
     "splitk4_epi": (EPI_BIAS_GELU, S((128, 128, 64), (2, 1), split_k=4)),
     "splitk3_pp_batched": (dict(batch="L"), S((128, 128, 64), mode="pingpong", split_k=3)),
+    # wave-balancing N tiles (96, 160, 224): not powers of two, so the edges and swizzle atoms differ
+    "pp_tn_64x224_c1x2": ({}, S((64, 224, 64), (1, 2), mode="pingpong")),
+    "coop_nn_128x160_c2x1": (dict(a_layout="km", b_layout="kn"), S((128, 160, 64), (2, 1))),
+    "coop_tt_128x224_c2x1": (dict(b_layout="kn"), S((128, 224, 64), (2, 1))),
+    "pp_epi_64x96_c2x1": (EPI_BIAS_GELU, S((64, 96, 64), (2, 1), mode="pingpong")),
+    "splitk2_pp_64x160": ({}, S((64, 160, 64), mode="pingpong", split_k=2)),
 }
 # hand-picked schedules for the speed comparison (one compiled kernel serves every shape)
 SPEED = {

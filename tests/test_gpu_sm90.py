@@ -47,7 +47,8 @@ def test_variant_matches_fp32_reference(name):
 
 # families the hypothesis test draws from: layouts x modes x clusters x split-K
 DRAWN = ["coop_tn_c1x1", "coop_tn_c2x1", "coop_tn_c1x2", "coop_tn_c2x2_sw8n", "coop_nn_256x128", "coop_tt",
-         "coop_nt", "pp_tn_c2x1", "pp_nn_64x256", "splitk2_tn", "splitk4_epi"]
+         "coop_nt", "pp_tn_c2x1", "pp_nn_64x256", "splitk2_tn", "splitk4_epi", "pp_tn_64x224_c1x2",
+         "coop_nn_128x160_c2x1", "splitk2_pp_64x160"]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
@@ -111,10 +112,10 @@ SWAPPED = [dict(tile=(128, 16, 64), mode="pingpong", stages=12, swap_ab=True),
 
 
 @pytest.mark.parametrize("sched", SWAPPED, ids=lambda s: "x".join(map(str, s["tile"])) + "_" + s["mode"][:4])
-@pytest.mark.parametrize("case", ["plain", "layouts_km_kn", "batched", "epilogue"])
+@pytest.mark.parametrize("case", ["plain", "layouts_km_kn", "layouts_mk_kn", "layouts_km_nk", "batched", "epilogue"])
 def test_swapped_ab_matches_fp32_reference(sched, case):
     """swap_ab kernels (out^T = b @ a^T, stored from registers at transposed coordinates): M from 1 to
-    odd sizes past the N tile, transposed storage layouts, a batch, and an epilogue with row and full inputs."""
+    odd sizes past the N tile, all four storage layouts, a batch, and an epilogue with row and full inputs."""
     import torch
     from gemmc.reference import rel_frobenius
     s = gemmc.Schedule(**sched)
@@ -129,13 +130,16 @@ def test_swapped_ab_matches_fp32_reference(sched, case):
             res = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
             args, ref = (a, b, bias, res), torch.nn.functional.silu(a.float() @ b.float().T + bias.float()) + res.float()
             out = torch.full((m, n), float("nan"), device=dev, dtype=torch.bfloat16)
-        elif case == "layouts_km_kn":
-            kern = gemmc.compile(gemmc.GemmSpec("M", "N", "K", a_layout="km", b_layout="kn"), schedule=s)
-            at = torch.randn(k, m, device=dev, dtype=torch.bfloat16)
-            bt = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
-            if m % 8:       # a "km" A needs M in 16-byte multiples
+        elif case.startswith("layouts_"):
+            a_layout, b_layout = case.split("_")[1:]
+            if a_layout == "km" and m % 8:       # a "km" A needs M in 16-byte multiples
                 continue
-            args, ref = (at, bt), at.float().T @ bt.float()
+            kern = gemmc.compile(gemmc.GemmSpec("M", "N", "K", a_layout=a_layout, b_layout=b_layout), schedule=s)
+            a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            b = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+            # the stored tensors: "km" / "kn" hold the transpose, contiguous
+            args = (a.T.contiguous() if a_layout == "km" else a, b.T.contiguous() if b_layout == "kn" else b)
+            ref = a.float() @ b.float().T
             out = torch.full((m, n), float("nan"), device=dev, dtype=torch.bfloat16)
         else:
             batch = 3 if case == "batched" else None

@@ -214,3 +214,24 @@ def test_heuristic_pick_is_valid_for_any_shape(m, n, k, arch, epi, dtype, out, b
     assert s.arch == arch and is_valid(s, sp)
     e = estimate(s, sp)
     assert 0 < e.wave_efficiency <= 1 and e.time > 0
+
+
+def test_wave_balancing_n_tiles_are_searched_but_not_picked_by_the_heuristic():
+    from gemmc.schedule import ScheduleSpace
+    assert {96, 160, 224} <= set(ScheduleSpace.for_arch("sm_90a").tile_n)
+    assert not {96, 160, 224} & set(heuristic_space("sm_90a").tile_n)
+    # 28672 / 224 = 128 tiles on 132 SMs: the model ranks the balanced tile first among the search's candidates
+    sp = spec(64, 28672, 4096)
+    ranked = rank_schedules(sp, "sm_90a", candidates=enumerate_schedules(sp, "sm_90a"))
+    assert ranked[0][1].tile[1] == 224
+    assert choose_schedule(sp).tile[1] in (64, 128, 192, 256)
+
+
+def test_ranking_given_candidates_scores_exactly_those_like_the_space_does():
+    sp = spec(128, 10240, 8192)
+    space_rank = rank_schedules(sp, "sm_90a")
+    picked = [s for _, s in space_rank[::5]]
+    invalid = Schedule(tile=(256, 256, 64), mode="pingpong")         # over the register budget
+    cand_rank = rank_schedules(sp, "sm_90a", candidates=picked + [invalid, picked[0]])
+    assert [s for _, s in cand_rank] == picked                        # same order, duplicates and invalid dropped
+    assert [sc for sc, _ in cand_rank] == [sc for sc, _ in space_rank[::5]]

@@ -150,3 +150,16 @@ def test_rl_policy_zero_shot_finetune_and_persistence(problems):
     blob.feature_spec = dataclasses.replace(FeatureSpec(), version=0)
     with pytest.raises(ValueError, match="retrain"):
         SchedulePolicy.from_bytes(blob.to_bytes())
+
+
+def test_heuristic_prior_ranks_every_candidate_of_the_standard_space():
+    from gemmc.heuristic import estimate
+    from gemmc.search.heuristic_prior import heuristic_order
+    spec = gemmc.GemmSpec(m=64, n=28672, k=4096)
+    problem = SearchProblem.of(spec)
+    order = heuristic_order(problem)
+    assert sorted(map(str, order)) == sorted(map(str, problem.candidates))
+    assert order[0].tile[1] == 224                      # 128 balanced tiles, the model's best
+    # model order throughout: 2x2 clusters and the wave tiles are ranked, not appended
+    times = [estimate(s, spec).time for s in order]
+    assert all(a <= b * (1 + 1e-9) for a, b in zip(times, times[1:]))

@@ -239,6 +239,10 @@ COMPILES = {
     "splitk_1x1_nopdl": (GemmSpec(m="M", n=4096, k=1024), dict(split_k=3, pdl=False)),
     # a static extent of 1 must not collapse a TMA copy to 1-D (it faulted on the H200)
     "pingpong_static_m1": (GemmSpec(m=1, n=6144, k=4096), dict(tile=(64, 192, 64), mode="pingpong", split_k=4)),
+    # wave-balancing N tiles of the standard space (not powers of two)
+    "pingpong_64x224_1x2": (GemmSpec(), dict(tile=(64, 224, 64), cluster=(1, 2), mode="pingpong")),
+    "coop_128x160_2x1_nn": (GemmSpec(a_layout="km", b_layout="kn"), dict(tile=(128, 160, 64), cluster=(2, 1))),
+    "pingpong_64x96_splitk2": (GemmSpec(), dict(tile=(64, 96, 64), mode="pingpong", split_k=2)),
 }
 
 
