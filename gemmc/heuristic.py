@@ -41,10 +41,11 @@ per input element, split-K factor S, batch L, P the SM count (`num_sms`, default
    kernel that reads the partials and runs the epilogue: T_FIX + L*M*N*(4*S + out + full inputs)/B_DRAM.
    score = 2*L*M*N*K / time.
 
-7. Decode on sm_90a (M <= 16, N and K >= 4096): the model has no term for swapped A and B, so a measured
-   rule comes first: `DECODE_SWAP` (64x16x128 ping-pong, 10 stages, swap_ab) beat cuBLAS by 1.045x
-   (geometric mean, minimum 0.994x) over the 16 Llama-3 decode shapes on the H200, where the model's own
-   picks (split-K) measured about 0.98x.
+7. Decode on sm_90a (M <= 16, N and K >= 4096): a swapped schedule (swap_ab) is modeled as its kernel's
+   own problem, M and N exchanged, which ranks the measured decode winners near the top (the search's
+   prior) but not reliably first, so a measured rule comes first: `DECODE_SWAP` (64x16x128 ping-pong,
+   10 stages, swap_ab) beat cuBLAS by 1.045x (geometric mean, minimum 0.994x) over the 16 Llama-3 decode
+   shapes on the H200, where the model's own unswapped picks (split-K) measured about 0.98x.
 
 Symbolic dims take `m_hint` (else 4096), `n_hint`/`k_hint` (else 4096), batch 1. The constants are
 H100/H200-class (989 TFLOP/s bf16 dense, 4.8 TB/s HBM3e, 50 MB L2) and A100 for sm_80; they set
@@ -158,6 +159,8 @@ def estimate(s: Schedule, spec: GemmSpec, num_sms: int | None = None, m_hint: in
     mach = MACHINES[s.arch]
     P = num_sms or ARCH_LIMITS[s.arch].num_sms
     L, M, N, K = problem_dims(spec, m_hint, n_hint, k_hint)
+    if s.swap_ab:       # the kernel's own problem: out^T = b @ a^T
+        M, N = N, M
     bm, bn, bk = s.tile
     cm, cn = s.cluster
     cs = cm * cn

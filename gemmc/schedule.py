@@ -339,6 +339,7 @@ class ScheduleSpace:
     swizzles: tuple[int, ...] = (1, 8)
     split_ks: tuple[int, ...] = (1, 2, 4)
     stages: tuple[Union[int, str], ...] = ("auto",)
+    swap_ab: tuple[bool, ...] = (False,)
 
     @classmethod
     def for_arch(cls, arch: str) -> "ScheduleSpace":
@@ -347,20 +348,42 @@ class ScheduleSpace:
                        modes=("cooperative",))
         return cls()
 
+    @classmethod
+    def swapped_decode(cls) -> "ScheduleSpace":
+        """sm_90a kernels computing out^T = b @ a^T, for M <= SWAP_MAX_M: the weights fill the 64/128-row
+        MMA side and the activations a 16/32-wide tile. Rings deeper than 'auto' (8) measured best on the
+        H200 decode shapes (10 and 16 stages)."""
+        return cls(tile_m=(64, 128), tile_n=(16, 32), tile_k=(64, 128), clusters=((1, 1),), modes=MODES,
+                   rasters=("m",), swizzles=(1,), split_ks=(1,), stages=("auto", 10, 16), swap_ab=(True,))
+
     def __iter__(self) -> Iterator[tuple]:
         return itertools.product(self.tile_m, self.tile_n, self.tile_k, self.clusters, self.modes,
-                                 self.rasters, self.swizzles, self.split_ks, self.stages)
+                                 self.rasters, self.swizzles, self.split_ks, self.stages, self.swap_ab)
+
+
+# a swapped kernel's activation tile is 16 or 32 wide: past that the unswapped kernels measured better
+SWAP_MAX_M = 32
+
+
+def standard_spaces(spec: GemmSpec, arch: str = "sm_90a") -> tuple[ScheduleSpace, ...]:
+    """What the search enumerates for `spec`: the arch's standard space, plus on sm_90a the swapped
+    decode space when M is known and at most SWAP_MAX_M."""
+    arch = as_arch(arch)
+    spaces = (ScheduleSpace.for_arch(arch),)
+    if arch == "sm_90a" and isinstance(spec.m, int) and spec.m <= SWAP_MAX_M:
+        spaces += (ScheduleSpace.swapped_decode(),)
+    return spaces
 
 
 def enumerate_schedules(spec: GemmSpec, arch: str = "sm_90a", space: ScheduleSpace | None = None) -> list[Schedule]:
-    """Every valid schedule in `space` (default: the arch's standard space)."""
+    """Every valid schedule in `space` (default: `standard_spaces(spec, arch)`)."""
     arch = as_arch(arch)
-    space = space or ScheduleSpace.for_arch(arch)
     out = []
-    for bm, bn, bk, cl, mode, raster, sw, sk, st in space:
-        s = Schedule((bm, bn, bk), cl, st, mode, raster, sw, sk, arch)
-        if is_valid(s, spec):
-            out.append(s)
+    for sp in ((space,) if space is not None else standard_spaces(spec, arch)):
+        for bm, bn, bk, cl, mode, raster, sw, sk, st, swap in sp:
+            s = Schedule((bm, bn, bk), cl, st, mode, raster, sw, sk, arch, swap_ab=swap)
+            if is_valid(s, spec):
+                out.append(s)
     return out
 
 

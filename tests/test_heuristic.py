@@ -235,3 +235,13 @@ def test_ranking_given_candidates_scores_exactly_those_like_the_space_does():
     cand_rank = rank_schedules(sp, "sm_90a", candidates=picked + [invalid, picked[0]])
     assert [s for _, s in cand_rank] == picked                        # same order, duplicates and invalid dropped
     assert [sc for sc, _ in cand_rank] == [sc for sc, _ in space_rank[::5]]
+
+
+def test_a_swapped_schedule_is_modeled_as_its_kernels_problem():
+    s = Schedule(tile=(64, 16, 128), mode="pingpong", stages=10, swap_ab=True)
+    flat = Schedule(tile=(64, 16, 128), mode="pingpong", stages=10)
+    assert estimate(s, spec(16, 4096, 4096)).time == estimate(flat, spec(4096, 16, 4096)).time
+    # on a decode shape the model ranks the measured winner (DECODE_SWAP) among the first few candidates
+    sp = spec(16, 8192, 28672)
+    ranked = [x for _, x in rank_schedules(sp, "sm_90a", candidates=enumerate_schedules(sp, "sm_90a"))]
+    assert any(x.swap_ab for x in ranked[:3])

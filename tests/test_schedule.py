@@ -216,3 +216,19 @@ def test_pdl_must_be_a_bool_and_is_not_searched():
     assert limits(Schedule(pdl="no")) == {"pdl"}
     for arch in ("sm_90a", "sm_80"):
         assert all(s.pdl for s in enumerate_schedules(SPEC, arch))
+
+
+def test_the_swapped_decode_space_joins_only_for_small_known_m_on_sm90():
+    from gemmc.schedule import SWAP_MAX_M, ScheduleSpace, standard_spaces
+    assert standard_spaces(GemmSpec(m=16, n=4096, k=4096)) == (ScheduleSpace.for_arch("sm_90a"),
+                                                               ScheduleSpace.swapped_decode())
+    for spec, arch in ((GemmSpec(m=SWAP_MAX_M + 1, n=4096, k=4096), "sm_90a"),
+                       (GemmSpec(m="M", n=4096, k=4096), "sm_90a"),          # M unknown at compile time
+                       (GemmSpec(m=16, n=4096, k=4096), "sm_80")):
+        assert not any(s.swap_ab for s in enumerate_schedules(spec, arch))
+    small = enumerate_schedules(GemmSpec(m=16, n=4096, k=4096), "sm_90a")
+    swapped = [s for s in small if s.swap_ab]
+    assert swapped and all(is_valid(s, GemmSpec(m=16, n=4096, k=4096)) for s in swapped)
+    assert {s.tile[1] for s in swapped} == {16, 32} and all(s.split_k == 1 for s in swapped)
+    assert {s.stages for s in swapped} == {"auto", 10, 16}          # 16 stages only where they fit
+    assert len(small) == len(set(small))                               # the two spaces do not overlap

@@ -263,9 +263,28 @@ def test_tune_also_measures_listed_schedules_once_and_keeps_them_out_of_the_stra
     tune(6)          # resume with a bigger budget: 2 more searched (the swapped rows do not count), none re-measured
     assert len(searched()) == 6 and not any(s.swap_ab for s in calls[n:])
     assert len([r for r in db.rows() if r["strategy"] == ALSO]) == 2
-    # the policy's features do not describe the swap: its rows train nothing
+    # the policy's features describe the swap (FeatureSpec v2): the --also rows train it too
     (ex,) = examples_from_db(db)
-    assert len(ex.schedules) == 6 and not any(s.swap_ab for s in ex.schedules)
+    assert len(ex.schedules) == 8 and sum(s.swap_ab for s in ex.schedules) == 2
+
+
+def test_tune_searches_swapped_kernels_for_decode_shapes(tmp_path):
+    """At M <= 32 the swapped decode space joins the strategy's candidates; where swapping pays (here a
+    measure_fn that halves swapped times), the search finds it within a small budget."""
+    from gemmc.bench.suites import Shape
+    from gemmc.search.cli import tune_shapes
+    from gemmc.search.runner import Runner
+    from gemmc.search.synthetic import model_time_us
+    db = TuningDB(tmp_path / "t.sqlite")
+
+    def measure(spec, s, arch):
+        return Measurement(s, model_time_us(s, spec) * (0.5 if s.swap_ab else 1.0), None, cublas_us=20.0)
+    (_, best), = tune_shapes([Shape(16, 4096, 4096)], dtype="bf16", arch="sm_90a", strategy="bayes", budget=8,
+                             batch=2, db=db, builder=_InlineBuilder(), runner=Runner(measure_fn=measure),
+                             gpu_name="fake", progress=False, confirm=0)
+    searched = [gemmc.Schedule.from_dict(json.loads(r["schedule"])) for r in db.rows()]
+    assert len(searched) == 8 and any(s.swap_ab for s in searched)
+    assert best.schedule.swap_ab
 
 
 def test_tune_also_rejects_a_bad_schedule_string_and_another_arch(tmp_path, capsys):

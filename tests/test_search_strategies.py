@@ -163,3 +163,20 @@ def test_heuristic_prior_ranks_every_candidate_of_the_standard_space():
     # model order throughout: 2x2 clusters and the wave tiles are ranked, not appended
     times = [estimate(s, spec).time for s in order]
     assert all(a <= b * (1 + 1e-9) for a, b in zip(times, times[1:]))
+
+
+def test_features_tell_a_swapped_kernel_from_the_same_tile_unswapped():
+    spec = gemmc.GemmSpec(m=16, n=4096, k=4096)
+    swapped = gemmc.Schedule(tile=(64, 16, 128), mode="pingpong", stages=10, swap_ab=True)
+    flat = gemmc.Schedule(tile=(64, 16, 128), mode="pingpong", stages=10)
+    assert FeatureSpec().version == 2
+    assert len(policy_features(swapped, spec)) == FeatureSpec().dim
+    assert gp_features(swapped, spec) != gp_features(flat, spec)
+    # the derived part describes the kernel's problem: 4096 / 64 = 64 CTAs, not 1 x 256
+    from gemmc.search.features import DERIVED_FEATURES, derived_features
+    d = dict(zip(DERIVED_FEATURES, derived_features(swapped, spec)))
+    assert d["log2_ctas"] == 6.0 and d["pad_eff_n"] == 1.0
+    assert d["log2_stages"] == math.log2(10)
+    # ring depth separates schedules that differ only in stages
+    deep = gemmc.Schedule(tile=(64, 16, 128), mode="pingpong", stages="auto", swap_ab=True)
+    assert gp_features(deep, spec) != gp_features(swapped, spec)

@@ -95,8 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--also", type=_schedule_list, default=[], metavar="S1,S2,...",
                    help="also measure these schedules (schedule strings, e.g. 128x16x64_pp_s12_swap) on every "
                         "shape where they are valid, after the search; stored with strategy 'also', extra to "
-                        "--budget, ranked with the search's rows; a resumed run skips those stored. For what the "
-                        "strategies do not search, such as swap_ab decode kernels")
+                        "--budget, ranked with the search's rows; a resumed run skips those stored. For schedules "
+                        "outside the strategies' space")
     t.add_argument("--no-train-policy", action="store_true", help="skip retraining the policy at the end")
     t.add_argument("--symbolic", action="store_true",
                    help="compile each schedule once for symbolic M, N, K (shared by every shape)")
@@ -217,7 +217,7 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
         spec = GemmSpec(sh.m, sh.n, sh.k, dtype=dtype)
         problem = SearchProblem.of(spec, arch)
         stored = db.prior(spec, arch, gpu_name)      # one per schedule: confirm rows add none
-        # the strategy sees only its own space (an --also schedule such as swap_ab is outside it)
+        # the strategy sees only its own space (an --also schedule may lie outside it)
         cands = set(problem.candidates)
         prior = [m for m in stored if m.schedule in cands]
         bar.update(min(len(prior), budget))

@@ -1,7 +1,8 @@
 """Numeric encodings of a problem and a schedule, shared by the GP (`bayes`) and the policy (`rl`).
 
-Schedule features are the factored choices (tile, cluster, mode, raster, swizzle, split-K) plus
-what they imply for this shape: tile counts, wave quantization, padding waste, k-loop length.
+Schedule features are the factored choices (tile, cluster, mode, raster, swizzle, split-K, swap_ab) plus
+what they imply for this shape: tile counts, wave quantization, padding waste, k-loop length. A swapped
+schedule's implications are those of the kernel's own problem, out^T = b @ a^T (M and N exchanged).
 These are descriptions for a model, not limits: feasibility is decided by `gemmc.schedule` alone.
 """
 from __future__ import annotations
@@ -9,11 +10,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from ..schedule import ARCH_LIMITS, MODES, RASTERS, Schedule
+from ..schedule import ARCH_LIMITS, MODES, RASTERS, Schedule, resolve_stages
 from ..spec import GemmSpec
 from ..types import DType
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2      # 2: swap_ab among the choices, the A/B ring depth, derived features of the kernel's problem
 
 TILE_M_VOCAB = (64, 128, 256)
 TILE_N_VOCAB = (16, 32, 64, 96, 128, 160, 192, 224, 256)
@@ -28,7 +29,7 @@ SHAPE_FEATURES = ("log2_m", "log2_n", "log2_k", "log2_mn_over_k", *(f"dtype_{d}"
                   *(f"out_{d}" for d in OUT_DTYPE_VOCAB), "a_km", "b_kn", "has_epilogue", "acc_f16")
 
 DERIVED_FEATURES = ("log2_ctas", "waves", "wave_eff", "pad_eff_m", "pad_eff_n", "cluster_pad_eff",
-                    "log2_k_iters", "log2_tile_area", "log2_bytes_per_flop")
+                    "log2_k_iters", "log2_tile_area", "log2_bytes_per_flop", "log2_stages")
 
 
 def _onehot(value, vocab) -> list[float]:
@@ -48,7 +49,8 @@ def derived_features(s: Schedule, spec: GemmSpec) -> list[float]:
     bm, bn, bk = s.tile
     cm, cn = s.cluster
     sms = ARCH_LIMITS[s.arch].num_sms
-    tm, tn = math.ceil(spec.m / bm), math.ceil(spec.n / bn)
+    m, n = (spec.n, spec.m) if s.swap_ab else (spec.m, spec.n)
+    tm, tn = math.ceil(m / bm), math.ceil(n / bn)
     tmc, tnc = math.ceil(tm / cm) * cm, math.ceil(tn / cn) * cn
     ctas = tmc * tnc * s.split_k
     waves = ctas / sms
@@ -56,8 +58,9 @@ def derived_features(s: Schedule, spec: GemmSpec) -> list[float]:
     k_iters = math.ceil(math.ceil(spec.k / bk) / s.split_k)
     # operand bytes loaded per MMA flop of one CTA (smaller is better), multicast shares loads
     bytes_per_flop = (bm / cn + bn / cm) * spec.dtype.bytes / (2.0 * bm * bn)
-    return [math.log2(ctas), min(waves, 8.0), wave_eff, spec.m / (tm * bm), spec.n / (tn * bn),
-            (tm * tn) / (tmc * tnc), math.log2(k_iters), math.log2(bm * bn), math.log2(bytes_per_flop)]
+    return [math.log2(ctas), min(waves, 8.0), wave_eff, m / (tm * bm), n / (tn * bn),
+            (tm * tn) / (tmc * tnc), math.log2(k_iters), math.log2(bm * bn), math.log2(bytes_per_flop),
+            math.log2(max(1, resolve_stages(s, spec)))]
 
 
 def choice_features(s: Schedule) -> list[float]:
@@ -65,7 +68,7 @@ def choice_features(s: Schedule) -> list[float]:
     bm, bn, bk = s.tile
     return [*_onehot(bm, TILE_M_VOCAB), *_onehot(bn, TILE_N_VOCAB), *_onehot(bk, TILE_K_VOCAB),
             *_onehot(tuple(s.cluster), CLUSTER_VOCAB), *_onehot(s.mode, MODES), *_onehot(s.raster, RASTERS),
-            *_onehot(s.swizzle, SWIZZLE_VOCAB), *_onehot(s.split_k, SPLIT_K_VOCAB)]
+            *_onehot(s.swizzle, SWIZZLE_VOCAB), *_onehot(s.split_k, SPLIT_K_VOCAB), float(s.swap_ab)]
 
 
 def gp_features(s: Schedule, spec: GemmSpec) -> list[float]:
@@ -74,7 +77,7 @@ def gp_features(s: Schedule, spec: GemmSpec) -> list[float]:
     cm, cn = s.cluster
     return [math.log2(bm), math.log2(bn), math.log2(bk), math.log2(cm), math.log2(cn),
             float(s.mode == "pingpong"), float(s.raster == "n"), math.log2(s.swizzle), math.log2(s.split_k),
-            *derived_features(s, spec)]
+            float(s.swap_ab), *derived_features(s, spec)]
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ class FeatureSpec:
     version: int = FEATURE_VERSION
     shape: tuple[str, ...] = SHAPE_FEATURES
     choice_dim: int = (len(TILE_M_VOCAB) + len(TILE_N_VOCAB) + len(TILE_K_VOCAB) + len(CLUSTER_VOCAB)
-                       + len(MODES) + len(RASTERS) + len(SWIZZLE_VOCAB) + len(SPLIT_K_VOCAB))
+                       + len(MODES) + len(RASTERS) + len(SWIZZLE_VOCAB) + len(SPLIT_K_VOCAB) + 1)
     derived: tuple[str, ...] = DERIVED_FEATURES
 
     @property

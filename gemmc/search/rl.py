@@ -200,9 +200,7 @@ def examples_from_db(db) -> list[ShapeExamples]:
     """Every stored problem (plain or not) as training data; rows of several GPUs pool together. A
     schedule's reward is the log of its paired speedup (geometric mean of cuBLAS / gemmc over its own
     rows, each timed in one run), so a clock that drifted between schedules does not rank them; problems
-    without cuBLAS times use log(best time / time). Schedules that only failed rank last. swap_ab
-    schedules (measured with `tune --also`) are left out: the policy's features do not describe the swap,
-    so they would read as unswapped tiles."""
+    without cuBLAS times use log(best time / time). Schedules that only failed rank last."""
     import json as _json
 
     from .db import rank_by_verdict, schedule_figures
@@ -214,7 +212,6 @@ def examples_from_db(db) -> list[ShapeExamples]:
         f = _json.loads(key)
         spec = GemmSpec(f["m"], f["n"], f["k"], dtype=f["dtype"], out_dtype=f["out_dtype"],
                         acc_dtype=f["acc_dtype"], a_layout=f["a_layout"], b_layout=f["b_layout"])
-        rows = [r for r in rows if not _json.loads(r["schedule"]).get("swap_ab")]
         figs = schedule_figures(rows)
         ranked = rank_by_verdict(figs)       # the DB verdict's rule: paired schedules, else all by time
         if not ranked:
