@@ -5,7 +5,7 @@ re-checks limits) gets a predicted run time from a small roofline model; the fas
 to the simpler schedule. Symbols: tile (BM, BN, BK), cluster (cm, cn) with cs = cm*cn CTAs, e bytes
 per input element, split-K factor S, batch L, P the SM count (`num_sms`, default 132 on sm_90a).
 
-1. Grid and waves (wave quantization):
+1. Grid and waves (wave quantization; tile N 96/160/224 enter the space for M <= 256, `heuristic_space`):
      tm = ceil(M/BM), tn = ceil(N/BN)                       output tiles
      units = L * ceil(tm/cm)*cm * ceil(tn/cn)*cn * S           work units (grid padded to whole clusters)
      P_c = usable SMs for clusters of cs CTAs (GPC fragmentation: 100% for cs<=2, 128/132 at 4,
@@ -229,15 +229,20 @@ def _tie_break(s: Schedule) -> tuple:
             s.short())
 
 
-def heuristic_space(arch: str) -> ScheduleSpace:
+# the wave-balancing N tiles (96, 160, 224) beat the power-of-two picks on the H200 at M = 64-256
+# (up to 1.09x, session 6) and lost at M = 1024-16384, where the model would still pick them
+WAVE_TILE_MAX_M = 256
+
+
+def heuristic_space(arch: str, m: int | None = None) -> ScheduleSpace:
     """The space the heuristic picks from: the arch's standard space, on sm_90a cut to what the H200
-    sweeps measured (tile N 64/128/192/256, no 2x2 clusters; split-K 1, 2, 3, 4, 6, 8), where the fitted
-    model is known to hold. The wave-balancing N tiles (96, 160, 224) are left to the search: the model
-    ranked them right on 10 of 14 mid-size shapes, but it would also pick them for large M, unmeasured."""
+    sweeps measured (no 2x2 clusters; split-K 1, 2, 3, 4, 6, 8), where the fitted model is known to hold,
+    and tile N 96/160/224 only for M <= WAVE_TILE_MAX_M (`m`; None: M unknown, so left out)."""
     std = ScheduleSpace.for_arch(arch)
     if as_arch(arch) != "sm_90a":
         return std
-    return replace(std, tile_n=(64, 128, 192, 256), clusters=tuple(c for c in std.clusters if c != (2, 2)),
+    tile_n = std.tile_n if m is not None and m <= WAVE_TILE_MAX_M else (64, 128, 192, 256)
+    return replace(std, tile_n=tile_n, clusters=tuple(c for c in std.clusters if c != (2, 2)),
                    split_ks=(1, 2, 3, 4, 6, 8))
 
 
@@ -245,13 +250,14 @@ def rank_schedules(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = N
                    n_hint: int | None = None, k_hint: int | None = None,
                    space: ScheduleSpace | None = None,
                    candidates: Iterable[Schedule] | None = None) -> list[tuple[float, Schedule]]:
-    """Every valid schedule of `space` (default `heuristic_space(arch)`), or of `candidates` (e.g. a
+    """Every valid schedule of `space` (default `heuristic_space(arch, M)`), or of `candidates` (e.g. a
     search's feasible set) when given, with its score (predicted TFLOP/s), best first."""
     arch = as_arch(arch)
     if candidates is not None:
         pool = [s for s in dict.fromkeys(candidates) if s.arch == arch and not check_schedule(s, spec)]
     else:
-        pool = enumerate_schedules(spec, arch, space or heuristic_space(arch))
+        m = problem_dims(spec, m_hint, n_hint, k_hint)[1]
+        pool = enumerate_schedules(spec, arch, space or heuristic_space(arch, m))
     scored = []
     for s in pool:
         est = estimate(s, spec, num_sms=num_sms, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint)

@@ -216,15 +216,21 @@ def test_heuristic_pick_is_valid_for_any_shape(m, n, k, arch, epi, dtype, out, b
     assert 0 < e.wave_efficiency <= 1 and e.time > 0
 
 
-def test_wave_balancing_n_tiles_are_searched_but_not_picked_by_the_heuristic():
+def test_wave_balancing_n_tiles_are_picked_only_up_to_m_256():
+    from gemmc.heuristic import WAVE_TILE_MAX_M
     from gemmc.schedule import ScheduleSpace
     assert {96, 160, 224} <= set(ScheduleSpace.for_arch("sm_90a").tile_n)
-    assert not {96, 160, 224} & set(heuristic_space("sm_90a").tile_n)
-    # 28672 / 224 = 128 tiles on 132 SMs: the model ranks the balanced tile first among the search's candidates
-    sp = spec(64, 28672, 4096)
-    ranked = rank_schedules(sp, "sm_90a", candidates=enumerate_schedules(sp, "sm_90a"))
-    assert ranked[0][1].tile[1] == 224
-    assert choose_schedule(sp).tile[1] in (64, 128, 192, 256)
+    assert {96, 160, 224} <= set(heuristic_space("sm_90a", WAVE_TILE_MAX_M).tile_n)
+    assert not {96, 160, 224} & set(heuristic_space("sm_90a", WAVE_TILE_MAX_M + 1).tile_n)
+    assert not {96, 160, 224} & set(heuristic_space("sm_90a").tile_n)              # M unknown
+    # measured on the H200 (session 6): 28672 / 224 = 128 tiles on 132 SMs beat 256-wide tiles at M = 128,
+    # 160-wide ones won at 256x10240x8192; at M = 4096 the power-of-two tiles stay
+    assert choose_schedule(spec(128, 28672, 4096)).tile[1] == 224
+    assert choose_schedule(spec(256, 10240, 8192)).tile[1] == 160
+    assert choose_schedule(spec(4096, 8192, 8192)).tile[1] in (64, 128, 192, 256)
+    # symbolic M takes the hint
+    assert choose_schedule(spec("M", 28672, 4096), m_hint=128).tile[1] == 224
+    assert choose_schedule(spec("M", 28672, 4096)).tile[1] in (64, 128, 192, 256)
 
 
 def test_ranking_given_candidates_scores_exactly_those_like_the_space_does():
