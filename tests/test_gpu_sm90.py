@@ -108,7 +108,12 @@ SWAPPED = [dict(tile=(128, 16, 64), mode="pingpong", stages=12, swap_ab=True),
            dict(tile=(64, 16, 128), mode="pingpong", stages=10, swap_ab=True),
            dict(tile=(128, 64, 64), mode="cooperative", swap_ab=True),
            dict(tile=(64, 32, 64), mode="pingpong", cluster=(1, 2), swap_ab=True),
-           dict(tile=(128, 128, 64), mode="cooperative", cluster=(2, 1), swap_ab=True)]
+           dict(tile=(128, 128, 64), mode="cooperative", cluster=(2, 1), swap_ab=True),
+           # the swapped batch space (M 33-128): a weight tile multicast to the 1x2 cluster's two activation
+           # tiles, rings filled to what fits
+           dict(tile=(64, 32, 128), mode="pingpong", cluster=(1, 2), stages=9, swap_ab=True),
+           dict(tile=(64, 64, 128), mode="pingpong", cluster=(1, 2), swap_ab=True),
+           dict(tile=(128, 32, 128), mode="cooperative", cluster=(1, 2), swap_ab=True)]
 
 
 @pytest.mark.parametrize("sched", SWAPPED, ids=lambda s: "x".join(map(str, s["tile"])) + "_" + s["mode"][:4])
@@ -121,7 +126,7 @@ def test_swapped_ab_matches_fp32_reference(sched, case):
     s = gemmc.Schedule(**sched)
     torch.manual_seed(0)
     dev = "cuda"
-    for m, n, k in ((1, 4096, 1024), (5, 1000, 520), (16, 6144, 2048), (100, 2048, 1024)):
+    for m, n, k in ((1, 4096, 1024), (5, 1000, 520), (16, 6144, 2048), (100, 2048, 1024), (128, 1024, 4096)):
         if case == "epilogue":
             kern = gemmc.compile(silu_res, schedule=s)
             a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)

@@ -251,3 +251,29 @@ def test_a_swapped_schedule_is_modeled_as_its_kernels_problem():
     sp = spec(16, 8192, 28672)
     ranked = [x for _, x in rank_schedules(sp, "sm_90a", candidates=enumerate_schedules(sp, "sm_90a"))]
     assert any(x.swap_ab for x in ranked[:3])
+
+
+@pytest.mark.parametrize("m, n, k, tile, cluster", [
+    (64, 4096, 4096, (64, 32, 128), (1, 2)),       # 64 weight tiles x 2 activation tiles = 128 CTAs
+    (48, 4096, 14336, (64, 32, 128), (1, 2)),
+    (64, 6144, 4096, (64, 64, 128), (1, 1)),       # 96 x 2 would be two waves: one 64-wide tile, 96 CTAs
+    (64, 8192, 8192, (64, 64, 128), (1, 1)),       # 128 CTAs; ties with 128x32 in pairs, first listed wins
+    (128, 4096, 4096, (64, 64, 128), (1, 2)),
+    (96, 8192, 28672, (128, 64, 64), (1, 2))])
+def test_small_batches_take_the_swapped_cluster_rule(m, n, k, tile, cluster):
+    from gemmc.heuristic import BATCH_SWAPS, batch_schedule
+    s = choose_schedule(spec(m, n, k), "sm_90a")
+    assert s.swap_ab and s.tile == tile and s.cluster == cluster
+    assert s in BATCH_SWAPS[64 if m <= 64 else 128] and s == batch_schedule(spec(m, n, k))
+    bm, bn, _ = s.tile
+    assert math.ceil(n / bm) * math.ceil(m / bn) <= 132                    # one wave
+    assert choose_schedule(spec("M", n, k), m_hint=m) == s                  # a hinted symbolic M: the same
+
+
+@pytest.mark.parametrize("m, n, k, arch", [(32, 4096, 4096, "sm_90a"), (129, 4096, 4096, "sm_90a"),
+                                           (64, 10240, 8192, "sm_90a"), (64, 2048, 4096, "sm_90a"),
+                                           (64, 4096, 1024, "sm_90a"), (64, 4096, 4096, "sm_80")])
+def test_the_batch_rule_stays_out_of_its_range(m, n, k, arch):
+    from gemmc.heuristic import batch_schedule
+    assert batch_schedule(spec(m, n, k), arch) is None
+    assert not choose_schedule(spec(m, n, k), arch).swap_ab or m <= 32

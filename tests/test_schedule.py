@@ -218,17 +218,51 @@ def test_pdl_must_be_a_bool_and_is_not_searched():
         assert all(s.pdl for s in enumerate_schedules(SPEC, arch))
 
 
-def test_the_swapped_decode_space_joins_only_for_small_known_m_on_sm90():
-    from gemmc.schedule import SWAP_MAX_M, ScheduleSpace, standard_spaces
+def test_the_swapped_spaces_join_only_for_small_known_m_on_sm90():
+    from gemmc.schedule import SWAP_DECODE_MAX_M, SWAP_MAX_M, ScheduleSpace, standard_spaces
     assert standard_spaces(GemmSpec(m=16, n=4096, k=4096)) == (ScheduleSpace.for_arch("sm_90a"),
                                                                ScheduleSpace.swapped_decode())
+    for m in (SWAP_DECODE_MAX_M + 1, 64, SWAP_MAX_M):
+        assert standard_spaces(GemmSpec(m=m, n=4096, k=4096)) == (ScheduleSpace.for_arch("sm_90a"),
+                                                                  ScheduleSpace.swapped_batch())
     for spec, arch in ((GemmSpec(m=SWAP_MAX_M + 1, n=4096, k=4096), "sm_90a"),
                        (GemmSpec(m="M", n=4096, k=4096), "sm_90a"),          # M unknown at compile time
-                       (GemmSpec(m=16, n=4096, k=4096), "sm_80")):
+                       (GemmSpec(m=16, n=4096, k=4096), "sm_80"),
+                       (GemmSpec(m=64, n=4096, k=4096), "sm_80")):
         assert not any(s.swap_ab for s in enumerate_schedules(spec, arch))
     small = enumerate_schedules(GemmSpec(m=16, n=4096, k=4096), "sm_90a")
     swapped = [s for s in small if s.swap_ab]
     assert swapped and all(is_valid(s, GemmSpec(m=16, n=4096, k=4096)) for s in swapped)
     assert {s.tile[1] for s in swapped} == {16, 32} and all(s.split_k == 1 for s in swapped)
     assert {s.stages for s in swapped} == {"auto", 10, 16}          # 16 stages only where they fit
+    assert {s.cluster for s in swapped} == {(1, 1)}
     assert len(small) == len(set(small))                               # the two spaces do not overlap
+
+
+def test_the_swapped_batch_space_pairs_activation_tiles_in_a_cluster_and_fills_smem():
+    spec = GemmSpec(m=64, n=4096, k=4096)
+    swapped = [s for s in enumerate_schedules(spec, "sm_90a") if s.swap_ab]
+    assert {s.tile[1] for s in swapped} == {32, 64} and {s.cluster for s in swapped} == {(1, 1), (1, 2)}
+    assert all(s.split_k == 1 and is_valid(s, spec) for s in swapped)
+    # the H200 winners at M = 64 / 128 are in it (bench/results/2026-11-30-h200-session7.json)
+    for name in ("64x32x128_c1x2_pp_s9_rm_sw1_k1_swap", "128x32x64_c1x2_pp_s10_rm_sw1_k1_swap",
+                 "64x64x128_c1x1_pp_sauto_rm_sw1_k1_swap", "64x64x128_c1x2_pp_sauto_rm_sw1_k1_swap"):
+        assert name in {s.short() for s in swapped}, name
+    # a depth is offered only where it fits: 64x32x128 (24 KiB a stage) takes 9, not 10
+    depths = {s.stages for s in swapped if s.tile == (64, 32, 128) and s.cluster == (1, 2) and s.mode == "pingpong"}
+    assert depths == {"auto", 9}
+
+
+def test_a_swapped_kernel_stages_only_c_in_smem():
+    """Swapped kernels read full epilogue inputs from global memory (ldg), so only C's staging is charged:
+    9 stages of 64x32x128 still fit beside a residual input (unswapped, the input's staging would not)."""
+    from gemmc.schedule import epilogue_smem_bytes
+    res = GemmSpec(m=64, n=4096, k=4096, inputs=(EpilogueInput("res", "full", "bf16"),),
+                   epilogue=(EpilogueOp("add", (Ref.acc(), Ref.input("res"))),))
+    swapped = Schedule((64, 32, 128), (1, 2), 9, "pingpong", swap_ab=True)
+    plain = GemmSpec(m=64, n=4096, k=4096)
+    assert epilogue_smem_bytes(swapped, res) == epilogue_smem_bytes(swapped, plain) > 0
+    assert is_valid(swapped, res)
+    unswapped = Schedule((64, 32, 128), (1, 2), 9, "pingpong")
+    assert epilogue_smem_bytes(unswapped, res) > epilogue_smem_bytes(unswapped, plain)
+    assert not is_valid(unswapped, res)

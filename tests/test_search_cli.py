@@ -250,7 +250,7 @@ def test_tune_also_measures_listed_schedules_once_and_keeps_them_out_of_the_stra
         from gemmc.bench.suites import Shape
         from gemmc.search.cli import tune_shapes
         from gemmc.search.runner import Runner
-        tune_shapes([Shape(64, 4096, 4096)], dtype="bf16", arch="sm_90a", strategy="bayes", budget=budget, batch=2,
+        tune_shapes([Shape(256, 4096, 4096)], dtype="bf16", arch="sm_90a", strategy="bayes", budget=budget, batch=2,
                     db=db, builder=_InlineBuilder(), runner=Runner(measure_fn=measure), gpu_name="fake",
                     progress=False, confirm=0, also=swapped)
     tune(4)
@@ -260,7 +260,8 @@ def test_tune_also_measures_listed_schedules_once_and_keeps_them_out_of_the_stra
     searched = lambda: [r for r in db.rows() if r["strategy"] == "bayes"]   # noqa: E731
     assert len(searched()) == 4
     n = len(calls)
-    tune(6)          # resume with a bigger budget: 2 more searched (the swapped rows do not count), none re-measured
+    tune(6)          # resume with a bigger budget: 2 more searched (the swapped rows do not count), none re-measured;
+    # M = 256 is past SWAP_MAX_M, so swapped schedules come only from --also
     assert len(searched()) == 6 and not any(s.swap_ab for s in calls[n:])
     assert len([r for r in db.rows() if r["strategy"] == ALSO]) == 2
     # the policy's features describe the swap (FeatureSpec v2): the --also rows train it too

@@ -85,7 +85,9 @@ def test_a_swapped_plan_with_split_k_is_refused():
 
 
 @pytest.mark.parametrize("sched", [SWAP, SWAP.with_(tile=(128, 64, 64), mode="cooperative", stages="auto",
-                                                    cluster=(2, 1))], ids=["pp_128x16", "coop_128x64_c2x1"])
+                                                    cluster=(2, 1)),
+                                   SWAP.with_(tile=(64, 32, 128), cluster=(1, 2), stages=9)],
+                         ids=["pp_128x16", "coop_128x64_c2x1", "pp_64x32x128_c1x2_s9"])
 def test_ptx_loads_with_tma_and_stores_from_registers(sched):
     _, plan = lower(GemmSpec(m="M", n="N", k="K"), sched)
     ptx = compiled_ptx(emit(plan))
