@@ -157,4 +157,5 @@ def test_compile_auto_with_symbolic_m_prints_the_choice_per_m(capsys, shipped_on
     assert lines[0].startswith("//   M 1..") and lines[-1].endswith("[heuristic]") and re.match(r"//   M \d+\.\.: ", lines[-1])
     assert lines[0] == "//   M 1..2: torch.matmul [pretuned]"                       # M = 1: cuBLAS won
     assert any(ln.startswith("//   M 5..32: ") and ln.endswith("_swap [pretuned]") for ln in lines)   # M = 16
-    assert any(ln.startswith("//   M 33..64: 64x64x64_c1x1_pp") for ln in lines)   # the measured winner
+    # the measured winner at M = 64: a swapped kernel, each weight tile multicast to a 1x2 cluster
+    assert "//   M 33..64: 64x32x128_c1x2_pp_s9_rm_sw1_k1_swap [pretuned]" in lines
