@@ -46,13 +46,14 @@ per input element, split-K factor S, batch L, P the SM count (`num_sms`, default
    prior) but not reliably first, so a measured rule comes first: `DECODE_SWAP` (64x16x128 ping-pong,
    10 stages, swap_ab) beat cuBLAS by 1.045x (geometric mean, minimum 0.994x) over the 16 Llama-3 decode
    shapes on the H200, where the model's own unswapped picks (split-K) measured about 0.98x.
-8. Small batches on sm_90a (32 < M <= 128, 4096 <= N <= 8192, K >= 4096): a swapped kernel whose 1x2
-   cluster multicasts each weight tile to two activation tiles (`ScheduleSpace.swapped_batch`). Of the
-   measured `BATCH_SWAPS` (for M's activation tile width), the one with the most CTAs that still fit
-   in one wave: ceil(N/BM) * ceil(M/BN) <= P (first listed on a tie). H200 A/B against the model's own
-   picks (bench/results/2026-11-30-h200-session7.json, "heuristic_batch_ab"): over the 10 llm shapes it
-   covers 0.986x -> 1.046x cuBLAS (geomean), over 10 other shapes (M 40-128) 0.932x -> 0.977x; the
-   worst single loss 1.4%.
+8. Small batches on sm_90a (8 < M <= 128, 4096 <= N <= 8192, K >= 4096), before step 7: a swapped
+   kernel whose 1x2 cluster multicasts each weight tile to two activation tiles (`ScheduleSpace.swapped_batch`,
+   and the pairs of `swapped_decode`). Of the measured `BATCH_SWAPS` for M's activation tile width, the
+   one with the most CTAs that still fit in one wave: ceil(N/BM) * ceil(M/BN) <= P (first listed on a
+   tie); none fits: step 7 or the model. H200 A/B against the model's own picks at M = 40-128
+   (bench/results/2026-11-30-h200-session7.json, "heuristic_batch_ab"): over the 10 llm shapes it covers
+   0.986x -> 1.046x cuBLAS (geomean), over 10 other shapes 0.932x -> 0.977x, worst single loss 1.4%; at
+   M = 16/32 ("pair_n8_scan") the picked pair beats the unpaired kernel on 7 of 8 shapes, by up to 6%.
 
 Symbolic dims take `m_hint` (else 4096), `n_hint`/`k_hint` (else 4096), batch 1. The constants are
 H100/H200-class (989 TFLOP/s bf16 dense, 4.8 TB/s HBM3e, 50 MB L2) and A100 for sm_80; they set
@@ -74,15 +75,20 @@ DEFAULT_DIM = 4096
 # step 7 of the docstring (bench/results/2026-11-30-h200-decode-session5.json, "swap_ab_scan")
 DECODE_SWAP = Schedule(tile=(64, 16, 128), mode="pingpong", stages=10, swap_ab=True)
 DECODE_MAX_M, DECODE_MIN_NK = 16, 4096
-# step 8: per activation tile width (M <= 64: 32-wide tiles in pairs, else 64-wide), in tie order
+# step 8: per activation tile width bound (M <= 16: 8-wide tiles in pairs, M <= 32: 16-wide, M <= 64:
+# 32-wide in pairs or one 64-wide, else 64-wide in pairs), in tie order
 BATCH_SWAPS = {
+    16: (Schedule(tile=(64, 8, 128), cluster=(1, 2), mode="pingpong", stages=10, swap_ab=True),
+         Schedule(tile=(128, 8, 128), cluster=(1, 2), mode="pingpong", stages=6, swap_ab=True)),
+    32: (Schedule(tile=(64, 16, 128), cluster=(1, 2), mode="pingpong", stages=10, swap_ab=True),
+         Schedule(tile=(128, 16, 64), cluster=(1, 2), mode="pingpong", stages=10, swap_ab=True)),
     64: (Schedule(tile=(64, 32, 128), cluster=(1, 2), mode="pingpong", stages=9, swap_ab=True),
          Schedule(tile=(64, 64, 128), mode="pingpong", swap_ab=True),
          Schedule(tile=(128, 32, 64), cluster=(1, 2), mode="pingpong", stages=10, swap_ab=True)),
     128: (Schedule(tile=(64, 64, 128), cluster=(1, 2), mode="pingpong", swap_ab=True),
           Schedule(tile=(128, 64, 64), cluster=(1, 2), mode="pingpong", stages=9, swap_ab=True)),
 }
-BATCH_MAX_M, BATCH_MAX_N = 128, 8192
+BATCH_MIN_M, BATCH_MAX_M, BATCH_MAX_N = 8, 128, 8192
 
 
 @dataclass(frozen=True)
@@ -299,11 +305,11 @@ def batch_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = N
     if as_arch(arch) != "sm_90a":
         return None
     _, m, n, k = problem_dims(spec, m_hint, n_hint, k_hint)
-    if not (DECODE_MAX_M * 2 < m <= BATCH_MAX_M and DECODE_MIN_NK <= n <= BATCH_MAX_N and k >= DECODE_MIN_NK):
+    if not (BATCH_MIN_M < m <= BATCH_MAX_M and DECODE_MIN_NK <= n <= BATCH_MAX_N and k >= DECODE_MIN_NK):
         return None
     sms = num_sms or ARCH_LIMITS["sm_90a"].num_sms
     best, best_ctas = None, 0
-    for s in BATCH_SWAPS[64 if m <= 64 else 128]:
+    for s in BATCH_SWAPS[next(w for w in sorted(BATCH_SWAPS) if m <= w)]:
         bm, bn, _ = s.tile
         ctas = math.ceil(n / bm) * math.ceil(math.ceil(m / bn) / s.cluster[1]) * s.cluster[1]
         if best_ctas < ctas <= sms and not check_schedule(s, spec):
@@ -315,10 +321,10 @@ def choose_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = 
                     n_hint: int | None = None, k_hint: int | None = None,
                     space: ScheduleSpace | None = None) -> Schedule:
     """The best-scoring valid schedule; ScheduleError (with the default schedule's violations) if none is.
-    Decode and small-batch shapes on sm_90a take the measured swap_ab rules first (docstring, steps 7-8)."""
+    Decode and small-batch shapes on sm_90a take the measured swap_ab rules first (docstring, steps 8, 7)."""
     if space is None:           # the rules are for the standard space; a caller's own space is searched as given
-        rule = (decode_schedule(spec, arch, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint)
-                or batch_schedule(spec, arch, num_sms=num_sms, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint))
+        rule = (batch_schedule(spec, arch, num_sms=num_sms, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint)
+                or decode_schedule(spec, arch, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint))
         if rule is not None:
             return rule
     ranked = rank_schedules(spec, arch, num_sms=num_sms, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint,

@@ -113,7 +113,9 @@ SWAPPED = [dict(tile=(128, 16, 64), mode="pingpong", stages=12, swap_ab=True),
            # tiles, rings filled to what fits
            dict(tile=(64, 32, 128), mode="pingpong", cluster=(1, 2), stages=9, swap_ab=True),
            dict(tile=(64, 64, 128), mode="pingpong", cluster=(1, 2), swap_ab=True),
-           dict(tile=(128, 32, 128), mode="cooperative", cluster=(1, 2), swap_ab=True)]
+           dict(tile=(128, 32, 128), mode="cooperative", cluster=(1, 2), swap_ab=True),
+           # 8-wide activation tiles (WGMMA N = 8; swapped kernels only), paired
+           dict(tile=(64, 8, 128), mode="pingpong", cluster=(1, 2), stages=10, swap_ab=True)]
 
 
 @pytest.mark.parametrize("sched", SWAPPED, ids=lambda s: "x".join(map(str, s["tile"])) + "_" + s["mode"][:4])

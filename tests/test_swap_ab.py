@@ -37,6 +37,10 @@ def test_the_schedule_spells_and_checks_the_swap():
     assert [v.limit for v in check_schedule(SWAP.with_(split_k=2), spec)] == ["swap_ab with split_k"]
     sm80 = check_schedule(Schedule(tile=(128, 128, 32), arch="sm_80", swap_ab=True), spec)
     assert [v.limit for v in sm80] == ["swap_ab"] and "SM90-only" in str(sm80[0])
+    # an 8-wide N tile: swapped kernels store from registers, so WGMMA's N = 8 is theirs alone
+    assert not check_schedule(SWAP.with_(tile=(64, 8, 128), cluster=(1, 2), stages=10), spec)
+    assert [v.limit for v in check_schedule(SWAP.with_(tile=(64, 24, 128), stages="auto"), spec)] == ["tile N"]
+    assert [v.limit for v in check_schedule(SWAP.with_(tile=(64, 8, 128), stages="auto", swap_ab=False), spec)] == ["tile N"]
 
 
 @given(swap=st.booleans(), pdl=st.booleans())
@@ -86,8 +90,9 @@ def test_a_swapped_plan_with_split_k_is_refused():
 
 @pytest.mark.parametrize("sched", [SWAP, SWAP.with_(tile=(128, 64, 64), mode="cooperative", stages="auto",
                                                     cluster=(2, 1)),
-                                   SWAP.with_(tile=(64, 32, 128), cluster=(1, 2), stages=9)],
-                         ids=["pp_128x16", "coop_128x64_c2x1", "pp_64x32x128_c1x2_s9"])
+                                   SWAP.with_(tile=(64, 32, 128), cluster=(1, 2), stages=9),
+                                   SWAP.with_(tile=(64, 8, 128), cluster=(1, 2), stages=10)],
+                         ids=["pp_128x16", "coop_128x64_c2x1", "pp_64x32x128_c1x2_s9", "pp_64x8x128_c1x2_s10"])
 def test_ptx_loads_with_tma_and_stores_from_registers(sched):
     _, plan = lower(GemmSpec(m="M", n="N", k="K"), sched)
     ptx = compiled_ptx(emit(plan))

@@ -598,16 +598,7 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
     Ping-pong: WG c takes work units c, c+2, ...; ordered named barriers alternate main loops and
     epilogues between the two WGs, and the stage counter skips the other WG's k-tiles."""
     body = _block('''
-        # registers -> smem (stmatrix) -> TMA store, EPI_TILE sub-tiles, EPI_STAGES buffers
-        r2s_atom = sm90_utils.get_smem_store_op(cutlass.tensor_utils.LayoutEnum.ROW_MAJOR, STORE_DTYPE, ACC_DTYPE)
-        c_atom_layout = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), STORE_DTYPE)
-        tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom_layout, tiled_mma))
-        thr_r2s = tiled_r2s.get_slice(consumer_tidx)
-        tRS_sC = thr_r2s.partition_D(sC)
-        tRS_acc = tiled_r2s.retile(accumulators)
-        rC_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
-        tRS_rC = cute.make_rmem_tensor(rC_shape, ACC_DTYPE)
-        tRS_rC_out = cute.make_rmem_tensor(rC_shape, STORE_DTYPE)
+        $r2s_setup
         epi_threads = 128 if PINGPONG else 128 * NUM_CONSUMER_WG
         epi_barrier = pipeline.NamedBarrier(barrier_id=1 + (consumer_wg if PINGPONG else 0), num_threads=epi_threads)
         store_warp = warp_idx == (warp_group_idx * 4 if PINGPONG else 4)
@@ -683,7 +674,8 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
             tile_sched.advance_to_next_work()
             work = tile_sched.get_current_work()
         store_pipeline.producer_tail()
-    ''', split_decode=_indent(split_decode.splitlines(), 4), epi_math=_indent_tail(epi_math, 4),
+    ''', r2s_setup=_R2S_SWAPPED if plan.swap_ab else _R2S_TMA,
+        split_decode=_indent(split_decode.splitlines(), 4), epi_math=_indent_tail(epi_math, 4),
         staged_setup=("epi_bar = epi_load_bar + (consumer_wg if PINGPONG else 0)\nepi_phase = cutlass.Int32(0)"
                       if staged else ""),
         store=_indent_tail(Template(_STORE_DIRECT if plan.swap_ab else _STORE_TMA).substitute(
@@ -691,6 +683,20 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
         skip_first=_indent_tail(_skip_stages("first"), 8), skip_other=_indent_tail(_skip_stages("other"), 8))
     return _indent(body.splitlines(), 8)
 
+
+# the epilogue's register -> smem copy (stmatrix), for the TMA store below
+_R2S_TMA = '''# registers -> smem (stmatrix) -> TMA store, EPI_TILE sub-tiles, EPI_STAGES buffers
+r2s_atom = sm90_utils.get_smem_store_op(cutlass.tensor_utils.LayoutEnum.ROW_MAJOR, STORE_DTYPE, ACC_DTYPE)
+c_atom_layout = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), STORE_DTYPE)
+tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom_layout, tiled_mma))
+thr_r2s = tiled_r2s.get_slice(consumer_tidx)
+tRS_sC = thr_r2s.partition_D(sC)
+tRS_acc = tiled_r2s.retile(accumulators)
+rC_shape = cute.shape(thr_r2s.partition_S(sC))[:3]
+tRS_rC = cute.make_rmem_tensor(rC_shape, ACC_DTYPE)
+tRS_rC_out = cute.make_rmem_tensor(rC_shape, STORE_DTYPE)'''
+# swapped: no stmatrix copy (it needs an MMA N of at least 16), each element is stored from registers
+_R2S_SWAPPED = "# swapped A/B: the epilogue stores each element from registers (no smem staging of C)"
 
 # the epilogue's store: registers -> smem (stmatrix) -> TMA store, EPI_TILE sub-tiles, EPI_STAGES buffers
 _STORE_TMA = '''
