@@ -53,7 +53,8 @@ per input element, split-K factor S, batch L, P the SM count (`num_sms`, default
    tie); none fits: step 7 or the model. H200 A/B against the model's own picks at M = 40-128
    (bench/results/2026-11-30-h200-session7.json, "heuristic_batch_ab"): over the 10 llm shapes it covers
    0.986x -> 1.046x cuBLAS (geomean), over 10 other shapes 0.932x -> 0.977x, worst single loss 1.4%; at
-   M = 16/32 ("pair_n8_scan") the picked pair beats the best unpaired kernel on 8 of the 9 shapes, by up to 6%.
+   M = 16/32 ("pair_n8_scan") the picked pair beats the best unpaired kernel on 8 of the 9 shapes, by up to 6%;
+   on 10 shapes outside the suite with M = 10-32 ("heuristic_pair_ab") 0.980x -> 1.093x, none slower.
 
 Symbolic dims take `m_hint` (else 4096), `n_hint`/`k_hint` (else 4096), batch 1. The constants are
 H100/H200-class (989 TFLOP/s bf16 dense, 4.8 TB/s HBM3e, 50 MB L2) and A100 for sm_80; they set
