@@ -1,0 +1,137 @@
+"""How far is a kernel from its own floors? Times each shape's SM90 kernel beside two diagnostic variants
+of its emitted source, and torch.matmul (cuBLAS), interleaved in one process:
+
+  stream : the WGMMA loop removed; TMA ring, barriers, scheduler and epilogue store kept. Its time is
+           the kernel's streaming floor (launch + loads + store), what no change to the math can beat.
+  mma    : no loads; the producer issues no TMA and the consumers neither wait for nor release stages,
+           so the WGMMAs run back to back on whatever the smem ring holds (launch + MMA + store). With
+           no memory traffic the SMs draw less power and may clock higher, so this floor is optimistic.
+
+    python3 scripts/gpu_floor.py plan.json              # GPU: JSON under $OUT (or ./floor_out), table last
+    python3 scripts/gpu_floor.py plan.json --compile-only   # CPU: emit, edit and compile every variant
+
+plan.json: {"MxNxK": ["<schedule string>", ...]}; the first schedule of each shape is measured. The
+variants compute garbage and are timed only; the unedited kernel is checked first against an fp32
+reference of the upcast inputs, its output NaN-filled. Timing: bf16 randn inputs, CUDA graphs, input
+sets rotated through >= 2x L2, median over repeats (gemmc.bench.timing).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import gemmc  # noqa: E402
+from gemmc.bench.policy import parse_schedule  # noqa: E402
+from gemmc.compiled import CompiledKernel  # noqa: E402
+
+VARIANTS = ("stream", "mma")
+_MMA_LOOP = re.compile(r"\n *for kb in cutlass\.range_constexpr\(num_k_blocks\):\n *cute\.gemm\([^\n]*\n[^\n]*accumulators\)")
+
+
+def edit_source(source: str, variant: str) -> str:
+    """The emitted SM90 kernel source with the variant's part removed (module docstring)."""
+    if variant == "stream":
+        out, n = _MMA_LOOP.subn("", source)
+        _expect(n, 1, "the WGMMA loop")
+        return out
+    if variant == "mma":
+        _expect(source.count("for kt in range(k_count):"), 2, "the producer and consumer k-loops")
+        _expect(source.count("ab_pipeline.consumer_wait(read_state)"), 1, "the consumer's stage wait")
+        _expect(source.count("ab_pipeline.consumer_release(release_state)"), 2, "the consumer's stage releases")
+        out = source.replace("for kt in range(k_count):", "for kt in range(0):", 1)   # the producer's loop
+        return (out.replace("ab_pipeline.consumer_wait(read_state)", "pass")
+                .replace("ab_pipeline.consumer_release(release_state)", "pass"))
+    raise ValueError(f"variant {variant!r}: use one of {VARIANTS}")
+
+
+def _expect(found: int, want: int, what: str) -> None:
+    if found != want:
+        raise ValueError(f"{what}: found {found} in the emitted source, expected {want} "
+                         "(the SM90 kernel template changed; update scripts/gpu_floor.py)")
+
+
+def kernels(name: str) -> dict:
+    spec = gemmc.GemmSpec(m="M", n="N", k="K")
+    k = gemmc.compile(spec, schedule=parse_schedule(name))
+    if k.arch != "sm_90a":
+        raise SystemExit(f"{name}: the floors are for SM90 kernels")
+    out = {"kernel": k}
+    for v in VARIANTS:
+        out[v] = CompiledKernel(dataclasses.replace(k.emitted, source=edit_source(k.emitted.source, v)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("plan")
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args()
+    plan = json.loads(Path(args.plan).read_text())
+    names = sorted({v[0] for v in plan.values()})
+    t0 = time.time()
+    built = {}
+    for i, n in enumerate(names, 1):
+        built[n] = kernels(n)
+        for kk in built[n].values():
+            kk.build()
+        print(f"[{i}/{len(names)}] built {n} and its variants ({time.time() - t0:.0f} s)", flush=True)
+    if args.compile_only:
+        return
+
+    import numpy as np
+    import torch
+    from gemmc.bench.suites import Shape
+    from gemmc.bench.timing import (CudaClock, TimingConfig, check_output, cublas_matmul, input_set_count,
+                                    l2_bytes_of, launch_count, make_input_sets, reference, spin_up,
+                                    time_interleaved, unit_calls)
+    out_dir = Path(os.environ.get("OUT", "floor_out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    clock = CudaClock(graphs=True)
+    spin_up(1.0)
+    rows = []
+    for shape, (name, *_) in plan.items():
+        m, n, k = map(int, shape.split("x"))
+        sh = Shape(m, n, k)
+        sets = make_input_sets(sh, torch.bfloat16, "cuda", input_set_count(sh, 2, l2_bytes_of(), 2.0, 4096), 0)
+        err = check_output(built[name]["kernel"], sets.a[0], sets.b[0], sets.out_gemmc[0],
+                           reference(sets.a[0], sets.b[0]))
+        if not err < 1e-2:
+            print(f"{shape} {name}: rel err {err} -- not timed", flush=True)
+            continue
+        est = 1000 * clock.time_ms(clock.prepare([lambda s=sets: cublas_matmul(s.a[0], s.b[0], out=s.out_cublas[0])]))
+        launches = launch_count(est, sets.n, TimingConfig())
+        units = {"cublas": clock.prepare(unit_calls(cublas_matmul, sets, sets.out_cublas, launches, False))}
+        for what, kk in built[name].items():
+            units[what] = clock.prepare(unit_calls(kk, sets, sets.out_gemmc, launches, False))
+        ms = time_interleaved(units, clock, args.repeats, 1)
+        row = {"shape": shape, "schedule": name, "rel_err": err,
+               **{u: float(np.median(v)) * 1000 / launches for u, v in ms.items()}}
+        rows.append(row)
+        print(f"{shape:18s} {name:40s} " + " ".join(f"{u} {row[u]:9.2f}" for u in units), flush=True)
+        del sets
+        torch.cuda.empty_cache()
+        (out_dir / "floor.json").write_text(json.dumps(rows, indent=1))
+
+    def gm(xs):
+        return math.exp(sum(math.log(x) for x in xs) / len(xs))
+    print(f"\n{'shape':18s} {'us: cublas':>10s} {'kernel':>9s} {'stream':>9s} {'mma':>9s}   cuBLAS / kernel, stream, mma")
+    for r in rows:
+        print(f"{r['shape']:18s} {r['cublas']:10.2f} {r['kernel']:9.2f} {r['stream']:9.2f} {r['mma']:9.2f}   "
+              f"{r['cublas'] / r['kernel']:.3f} {r['cublas'] / r['stream']:.3f} {r['cublas'] / r['mma']:.3f}")
+    if rows:
+        print(f"{'geomean':18s} {'':40s}   " + " ".join(
+            f"{gm([r['cublas'] / r[u] for r in rows]):.3f}" for u in ("kernel", "stream", "mma")))
+
+
+if __name__ == "__main__":
+    main()
