@@ -231,9 +231,12 @@ def test_kernel_verifier_errors(old, new, msg):
 
 def test_tile_scheduler_pdl_round_trips_and_defaults_to_plain():
     on = lowered_text()
-    assert "split_k_mode none pdl true\n" in on
+    assert "split_k_mode none pdl true pdl_early_ctas 66\n" in on     # half the H200's 132 SMs
     assert print_module(parse_module(on)) == on
-    plain = on.replace(" pdl true", "")     # the text written before pdl existed
+    assert plan_from_module(parse_module(on)).scheduler.pdl_early_ctas == 66
+    with pytest.raises(VerifyException, match="pdl_early_ctas is >= 0, and 0 without pdl"):
+        parse_module(on.replace(" pdl true pdl_early_ctas 66", " pdl_early_ctas 66"))
+    plain = on.replace(" pdl true pdl_early_ctas 66", "")     # the text written before pdl existed
     module = parse_module(plain)
     assert plan_from_module(module).scheduler.pdl is False and print_module(module) == plain
     with pytest.raises(ParseError, match="boolean"):
@@ -265,7 +268,7 @@ def test_plan_from_module():
     assert plan.copy("bias") == OperandCopy("bias", "ldg", (1, 256), 0, 1, "", 16)
     assert plan.pipeline == Pipeline(4, ("full", "empty"), 2, (128, 32), 4 * (128 + 256) * 64 * 2 + 2 * 128 * 32 * 2
                                      + 1024)
-    assert plan.scheduler == TileScheduler(True, "m", 1, 1, "none", pdl=True)
+    assert plan.scheduler == TileScheduler(True, "m", 1, 1, "none", pdl=True, pdl_early_ctas=66)
     assert (plan.mma.kind, plan.mma.inst_shape, plan.mma.atom_layout) == ("wgmma", (64, 256, 16), (2, 1, 1))
     assert plan.epilogue.ops == BIAS_GELU.epilogue and plan.epilogue.store == "tma"
     assert (plan.problem.m, plan.problem.n, plan.problem.a_major, plan.problem.b_major) == ("M", 4096, "k", "k")

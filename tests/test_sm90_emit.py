@@ -141,6 +141,8 @@ def test_pdl_follows_the_plans_tile_scheduler(split_k):
     assert on.count("griddepcontrol_wait()") == 1 + (split_k > 1) and off.count("griddepcontrol_wait()") == 1
     assert ("use_pdl=True" in on) == (split_k > 1) and "use_pdl=True" not in off
     assert "use_pdl=PDL" in on and "use_pdl=PDL" in off     # the main launch reads the fact
+    assert constants(on)["PDL_EARLY_CTAS"] == "66" and constants(off)["PDL_EARLY_CTAS"] == "0"
+    on = on.replace("PDL_EARLY_CTAS = 66", "PDL_EARLY_CTAS = 0")
     assert on.replace("PDL = True", "PDL = False").replace(
         "    cute.arch.griddepcontrol_wait()   # PDL: the partials are complete and visible after this\n", "").replace(
         ", use_pdl=True", "") == off
@@ -284,5 +286,10 @@ def test_ptx_has_the_hopper_instructions_the_plan_asks_for(ptx_of, name):
         return
     assert all("griddepcontrol.wait;" in body for body in bodies)
     assert main.index("griddepcontrol.wait;") < main.index("cp.async.bulk.tensor")
-    # only a split-K kernel lets its dependent (the reduce) launch early
-    assert ("griddepcontrol.launch_dependents;" in main) == (plan.scheduler.split_k > 1)
+    # a split-K kernel lets its dependent (the reduce) launch at once; the others let the next kernel
+    # launch from the producer, after the loads: once the last is issued (small grids) or has been used
+    trigger = main.count("griddepcontrol.launch_dependents;")
+    if plan.scheduler.split_k > 1:
+        assert trigger == 1 and main.index("griddepcontrol.launch_dependents;") < main.index("cp.async.bulk.tensor")
+    else:
+        assert trigger == 2 and main.index("griddepcontrol.launch_dependents;") > main.index("cp.async.bulk.tensor")

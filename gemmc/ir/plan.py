@@ -67,6 +67,9 @@ class TileScheduler:                    # lowering of the schedule (pipeline-sta
     split_k: int
     split_k_mode: str = "none"          # "none" | "serial" (deterministic fix-up through a workspace)
     pdl: bool = False                   # programmatic dependent launch (griddepcontrol; sm_90a only)
+    # PDL: grids of at most this many CTAs let the next kernel launch once their last load is issued,
+    # larger ones once their last stage is released (0: pdl off)
+    pdl_early_ctas: int = 0
 
 
 @dataclass(frozen=True)

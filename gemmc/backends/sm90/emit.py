@@ -12,7 +12,8 @@ decision is made here or in the kernel. Blocks by role:
               the others (copy "ldg", row/col vectors) are read from global memory per element
 Where the plan's tile scheduler says pdl, launches are programmatic dependent launches (PDL): the
 kernel's prologue (barrier init, descriptor prefetch) overlaps the previous kernel on the stream, and it
-waits on the grid dependency before its first global memory access. Only the plan's mode is emitted
+waits on the grid dependency before its first global memory access; near its end, its producer lets the
+next kernel launch (plan.scheduler.pdl_early_ctas says when). Only the plan's mode is emitted
 (`resolve_mode`). Split-K (plan.scheduler.split_k > 1): the main kernel stores f32 partials to the
 workspace and the shared reduce kernel (backends/common.py) applies the epilogue; both launch from the
 same host function. Swapped A and B (plan.swap_ab): the kernel computes out^T = b @ a^T; the host
@@ -180,6 +181,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         MAX_ACTIVE_CLUSTERS = $max_clusters     # persistent grid: clusters resident at once (ArchLimits)
         SMEM_BYTES = $smem_bytes                # pipeline-staging: shared memory budget
         PDL = $pdl                              # tile scheduler: pdl (programmatic dependent launch)
+        PDL_EARLY_CTAS = $pdl_early              # tile scheduler: grids up to this size let the next kernel in early
     ''', a_dtype=dsl_type(p.a_dtype), b_dtype=dsl_type(p.b_dtype), acc_dtype=dsl_type(p.acc_dtype),
         store_dtype=dsl_type(store_dtype),
         a_major="K" if ka_major == "k" else "MN", a_major_s=ka_major,
@@ -195,7 +197,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         inst_m=plan.mma.inst_shape[0], inst_n=plan.mma.inst_shape[1], inst=plan.mma.inst_shape,
         atom_layout=tuple(plan.mma.atom_layout), raster_m=plan.scheduler.raster == "m", raster=plan.scheduler.raster,
         swizzle=plan.scheduler.swizzle, split_k=sk, sk_mode=plan.scheduler.split_k_mode,
-        max_clusters=_max_clusters(plan), smem_bytes=plan.pipeline.smem_bytes, pdl=plan.scheduler.pdl)
+        max_clusters=_max_clusters(plan), smem_bytes=plan.pipeline.smem_bytes, pdl=plan.scheduler.pdl,
+        pdl_early=plan.scheduler.pdl_early_ctas)
 
     if swap:
         facts += ("\nSWAP_AB = True                          # schedule swap_ab: the kernel's A is b, its B is a; "
@@ -544,8 +547,8 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
             # touched before its grid has completed
             if PDL:
                 cute.arch.griddepcontrol_wait()
-            # only the split-K reduce is let in early: a next GEMM let in early lands on the SMs this grid
-            # left idle, and that placement measured up to 28% slower on the H200 (M=64, 80 CTAs)
+            # split-K: the reduce kernel is let in at once (it waits for this grid's partials); a next GEMM
+            # is let in by the producer near the end (below): let in here, it measured up to 28% slower
             if PDL and SPLIT_K > 1:
                 cute.arch.griddepcontrol_launch_dependents()
 
@@ -575,7 +578,15 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
                         load_state.advance()
                     tile_sched.advance_to_next_work()
                     work = tile_sched.get_current_work()
+                # PDL: let the next kernel launch before this grid ends; its CTAs wait in
+                # griddepcontrol.wait until this grid has completed. A grid of at most PDL_EARLY_CTAS
+                # CTAs does it once its last load is issued, a larger one once its last stage is released
+                grid_ctas = cute.arch.grid_dim()[0] * cute.arch.grid_dim()[1] * cute.arch.grid_dim()[2]
+                if PDL and SPLIT_K == 1 and grid_ctas <= PDL_EARLY_CTAS:
+                    cute.arch.griddepcontrol_launch_dependents()
                 ab_pipeline.producer_tail(load_state)
+                if PDL and SPLIT_K == 1 and grid_ctas > PDL_EARLY_CTAS:
+                    cute.arch.griddepcontrol_launch_dependents()
 
             # ---- consumer warpgroups (assign-warpgroup-roles: consumers, CONSUMER_REGS registers) ----
             if warp_group_idx != PRODUCER_WG:
