@@ -141,8 +141,9 @@ def test_pdl_follows_the_plans_tile_scheduler(split_k):
     assert on.count("griddepcontrol_wait()") == 1 + (split_k > 1) and off.count("griddepcontrol_wait()") == 1
     assert ("use_pdl=True" in on) == (split_k > 1) and "use_pdl=True" not in off
     assert "use_pdl=PDL" in on and "use_pdl=PDL" in off     # the main launch reads the fact
-    assert constants(on)["PDL_EARLY_CTAS"] == "66" and constants(off)["PDL_EARLY_CTAS"] == "0"
-    on = on.replace("PDL_EARLY_CTAS = 66", "PDL_EARLY_CTAS = 0")
+    assert (constants(on)["PDL_EARLY_CTAS"], constants(on)["PDL_FULL_CTAS"]) == ("82", "118")
+    assert (constants(off)["PDL_EARLY_CTAS"], constants(off)["PDL_FULL_CTAS"]) == ("0", "0")
+    on = on.replace("PDL_EARLY_CTAS = 82", "PDL_EARLY_CTAS = 0").replace("PDL_FULL_CTAS = 118", "PDL_FULL_CTAS = 0")
     assert on.replace("PDL = True", "PDL = False").replace(
         "    cute.arch.griddepcontrol_wait()   # PDL: the partials are complete and visible after this\n", "").replace(
         ", use_pdl=True", "") == off

@@ -67,9 +67,10 @@ class TileScheduler:                    # lowering of the schedule (pipeline-sta
     split_k: int
     split_k_mode: str = "none"          # "none" | "serial" (deterministic fix-up through a workspace)
     pdl: bool = False                   # programmatic dependent launch (griddepcontrol; sm_90a only)
-    # PDL: grids of at most this many CTAs let the next kernel launch once their last load is issued,
-    # larger ones once their last stage is released (0: pdl off)
+    # PDL: grids of at most pdl_early_ctas CTAs, or of at least pdl_full_ctas (when > 0), let the next
+    # kernel launch once their last load is issued; the others once their last stage is released
     pdl_early_ctas: int = 0
+    pdl_full_ctas: int = 0
 
 
 @dataclass(frozen=True)

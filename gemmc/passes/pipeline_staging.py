@@ -31,15 +31,18 @@ def tile_scheduler(s: Schedule) -> TileSchedulerOp:
     pdl = s.pdl and s.arch == "sm_90a"
     return TileSchedulerOp.make(persistent=s.arch == "sm_90a", raster=s.raster, swizzle=s.swizzle,
                                 split_k=s.split_k, split_k_mode="serial" if s.split_k > 1 else "none",
-                                pdl=pdl, pdl_early_ctas=pdl_early_ctas(s) if pdl else 0)
+                                pdl=pdl, pdl_early_ctas=pdl_bands(s)[0] if pdl else 0,
+                                pdl_full_ctas=pdl_bands(s)[1] if pdl else 0)
 
 
-def pdl_early_ctas(s: Schedule) -> int:
-    """A grid of at most half the SMs leaves room for a whole second one on the SMs it does not use, so it
-    lets the next kernel launch as soon as its last load is issued; a larger grid waits until its last
-    stage is released. H200, back-to-back calls: the early trigger took 1x4096x4096 (64 CTAs) from 12.1
-    to 10.6 us but slowed four 96-CTA grids by 2-7%; the late one gained 0-4% at every size."""
-    return ARCH_LIMITS[s.arch].num_sms // 2
+def pdl_bands(s: Schedule) -> tuple[int, int]:
+    """When a grid lets the next kernel launch: once its last load is issued if it has at most 5/8 of the
+    SMs' CTAs or at least 9/10 of them, else once its last stage is released. H200, back-to-back calls
+    over grid sizes of 48-132 CTAs (three kernel families): triggering at the last load gained 4-17% up
+    to 80 CTAs (1x4096x4096: 12.0 -> 10.7 us) and 1-4% from 120, but lost 2-7% at 88-104; triggering
+    once the stages are released gained 0-4% at every size."""
+    sms = ARCH_LIMITS[s.arch].num_sms
+    return sms * 5 // 8, sms * 9 // 10
 
 
 @dataclass(frozen=True)

@@ -181,7 +181,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         MAX_ACTIVE_CLUSTERS = $max_clusters     # persistent grid: clusters resident at once (ArchLimits)
         SMEM_BYTES = $smem_bytes                # pipeline-staging: shared memory budget
         PDL = $pdl                              # tile scheduler: pdl (programmatic dependent launch)
-        PDL_EARLY_CTAS = $pdl_early              # tile scheduler: grids up to this size let the next kernel in early
+        PDL_EARLY_CTAS = $pdl_early              # tile scheduler: grids up to this size let the next kernel in early,
+        PDL_FULL_CTAS = $pdl_full               # tile scheduler: and grids from this size (0: none)
     ''', a_dtype=dsl_type(p.a_dtype), b_dtype=dsl_type(p.b_dtype), acc_dtype=dsl_type(p.acc_dtype),
         store_dtype=dsl_type(store_dtype),
         a_major="K" if ka_major == "k" else "MN", a_major_s=ka_major,
@@ -198,7 +199,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         atom_layout=tuple(plan.mma.atom_layout), raster_m=plan.scheduler.raster == "m", raster=plan.scheduler.raster,
         swizzle=plan.scheduler.swizzle, split_k=sk, sk_mode=plan.scheduler.split_k_mode,
         max_clusters=_max_clusters(plan), smem_bytes=plan.pipeline.smem_bytes, pdl=plan.scheduler.pdl,
-        pdl_early=plan.scheduler.pdl_early_ctas)
+        pdl_early=plan.scheduler.pdl_early_ctas, pdl_full=plan.scheduler.pdl_full_ctas)
 
     if swap:
         facts += ("\nSWAP_AB = True                          # schedule swap_ab: the kernel's A is b, its B is a; "
@@ -579,13 +580,15 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
                     tile_sched.advance_to_next_work()
                     work = tile_sched.get_current_work()
                 # PDL: let the next kernel launch before this grid ends; its CTAs wait in
-                # griddepcontrol.wait until this grid has completed. A grid of at most PDL_EARLY_CTAS
-                # CTAs does it once its last load is issued, a larger one once its last stage is released
+                # griddepcontrol.wait until this grid has completed. Grids of at most PDL_EARLY_CTAS or
+                # at least PDL_FULL_CTAS CTAs do it once their last load is issued, the others once
+                # their last stage is released
                 grid_ctas = cute.arch.grid_dim()[0] * cute.arch.grid_dim()[1] * cute.arch.grid_dim()[2]
-                if PDL and SPLIT_K == 1 and grid_ctas <= PDL_EARLY_CTAS:
+                early = grid_ctas <= PDL_EARLY_CTAS or (PDL_FULL_CTAS > 0 and grid_ctas >= PDL_FULL_CTAS)
+                if PDL and SPLIT_K == 1 and early:
                     cute.arch.griddepcontrol_launch_dependents()
                 ab_pipeline.producer_tail(load_state)
-                if PDL and SPLIT_K == 1 and grid_ctas > PDL_EARLY_CTAS:
+                if PDL and SPLIT_K == 1 and not early:
                     cute.arch.griddepcontrol_launch_dependents()
 
             # ---- consumer warpgroups (assign-warpgroup-roles: consumers, CONSUMER_REGS registers) ----
