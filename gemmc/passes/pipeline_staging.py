@@ -29,17 +29,17 @@ def pipeline(s: Schedule, spec: GemmSpec) -> PipelineOp:
 def tile_scheduler(s: Schedule) -> TileSchedulerOp:
     # PDL needs griddepcontrol (sm_90a); on sm_80 the schedule's pdl is ignored and kernels launch plain
     pdl = s.pdl and s.arch == "sm_90a"
+    early, full = pdl_bands(s) if pdl else (0, 0)
     return TileSchedulerOp.make(persistent=s.arch == "sm_90a", raster=s.raster, swizzle=s.swizzle,
                                 split_k=s.split_k, split_k_mode="serial" if s.split_k > 1 else "none",
-                                pdl=pdl, pdl_early_ctas=pdl_bands(s)[0] if pdl else 0,
-                                pdl_full_ctas=pdl_bands(s)[1] if pdl else 0)
+                                pdl=pdl, pdl_early_ctas=early, pdl_full_ctas=full)
 
 
 def pdl_bands(s: Schedule) -> tuple[int, int]:
     """When a grid lets the next kernel launch: once its last load is issued if it has at most 5/8 of the
     SMs' CTAs or at least 9/10 of them, else once its last stage is released. H200, back-to-back calls
     over grid sizes of 48-132 CTAs (three kernel families): triggering at the last load gained 4-17% up
-    to 80 CTAs (1x4096x4096: 12.0 -> 10.7 us) and 1-4% from 120, but lost 2-7% at 88-104; triggering
+    to 80 CTAs (1x4096x4096: 12.0 -> 10.7 us) and 1-4% from 120, but lost up to 7% at 88-112; triggering
     once the stages are released gained 0-4% at every size."""
     sms = ARCH_LIMITS[s.arch].num_sms
     return sms * 5 // 8, sms * 9 // 10

@@ -13,7 +13,7 @@ decision is made here or in the kernel. Blocks by role:
 Where the plan's tile scheduler says pdl, launches are programmatic dependent launches (PDL): the
 kernel's prologue (barrier init, descriptor prefetch) overlaps the previous kernel on the stream, and it
 waits on the grid dependency before its first global memory access; near its end, its producer lets the
-next kernel launch (plan.scheduler.pdl_early_ctas says when). Only the plan's mode is emitted
+next kernel launch (plan.scheduler.pdl_early_ctas and pdl_full_ctas say when). Only the plan's mode is emitted
 (`resolve_mode`). Split-K (plan.scheduler.split_k > 1): the main kernel stores f32 partials to the
 workspace and the shared reduce kernel (backends/common.py) applies the epilogue; both launch from the
 same host function. Swapped A and B (plan.swap_ab): the kernel computes out^T = b @ a^T; the host
@@ -181,7 +181,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         MAX_ACTIVE_CLUSTERS = $max_clusters     # persistent grid: clusters resident at once (ArchLimits)
         SMEM_BYTES = $smem_bytes                # pipeline-staging: shared memory budget
         PDL = $pdl                              # tile scheduler: pdl (programmatic dependent launch)
-        PDL_EARLY_CTAS = $pdl_early              # tile scheduler: grids up to this size let the next kernel in early,
+        PDL_EARLY_CTAS = $pdl_early             # tile scheduler: grids up to this size let the next kernel in early,
         PDL_FULL_CTAS = $pdl_full               # tile scheduler: and grids from this size (0: none)
     ''', a_dtype=dsl_type(p.a_dtype), b_dtype=dsl_type(p.b_dtype), acc_dtype=dsl_type(p.acc_dtype),
         store_dtype=dsl_type(store_dtype),
