@@ -132,7 +132,8 @@ def _db_decision(e, plain: bool) -> Decision:
         return Decision(e.schedule, "db", detail=f"{e.time_us:.2f} us, no paired cuBLAS time ({where})")
     return Decision(e.schedule, "db", use_cublas=slower and plain,
                     detail=f"paired {e.speedup:.3f}x: {e.time_us:.2f} us vs cuBLAS {e.cublas_us:.2f} us, "
-                           f"geomean of {e.n_rows} row{'s' if e.n_rows > 1 else ''} ({where})")
+                           f"{'median' if e.n_rows >= 3 else 'geomean'} of {e.n_rows} row{'s' if e.n_rows > 1 else ''} "
+                           f"({where})")
 
 
 def _heuristic_decision(conc: Optional[GemmSpec], spec: GemmSpec, arch: str, table) -> Decision:

@@ -207,6 +207,34 @@ def test_confirm_re_measures_the_best_schedules_once_and_resume_skips_them(tmp_p
     assert {r["strategy"] for r in confirm} == {CONFIRM}
 
 
+def test_two_rows_that_disagree_get_a_third_and_the_median_row_decides(tmp_path):
+    """cuBLAS ran slow (+10%) in each schedule's first measurement: every search row flatters gemmc, each
+    confirmation disagrees with it by ~10%, so the top schedules get a third row and their verdict is the
+    median row, a confirmed one."""
+    from gemmc.search.db import CONFIRM
+    from gemmc.search.synthetic import model_time_us
+    calls = []
+
+    def measure(spec, s, arch):
+        slow_cublas = 1.10 if s not in calls else 1.0
+        calls.append(s)
+        return Measurement(s, model_time_us(s, spec), None, cublas_us=25.0 * slow_cublas)
+    db = TuningDB(tmp_path / "t.sqlite")
+    spec = _tune(db, measure)
+    search, confirm = _split(db)
+    per = {}
+    for r in confirm:
+        per.setdefault(r["schedule"], []).append(r)
+    assert len(search) == 6 and len(confirm) > 3 and {r["strategy"] for r in confirm} == {CONFIRM}
+    assert max(len(v) for v in per.values()) == 2           # at most three rows per schedule
+    for f in db.ranked_schedules(spec, "sm_90a", "fake")[:3]:
+        assert f.n_rows == 3 and not f.unsettled
+        assert f.speedup == pytest.approx(25.0 / model_time_us(f.schedule, spec))   # a normal run's figure
+    n = len(calls)
+    _tune(db, measure)                         # resumed: nothing left to measure
+    assert len(calls) == n
+
+
 def test_a_run_killed_while_confirming_resumes_with_the_missing_confirmations(tmp_path):
     whole = TuningDB(tmp_path / "whole.sqlite")
     measure, calls = _drifting()

@@ -60,10 +60,6 @@ def test_record_keeps_every_field_and_best_view(tmp_path):
     assert {m.schedule for m in db.prior(SPEC, "sm_90a", "H200")} == {_sched(i) for i in range(3)}
 
 
-def _geomean(xs):
-    return math.exp(sum(map(math.log, xs)) / len(xs))
-
-
 # A tune of one large problem while the GPU heats up: both clocks slow down together, so each row's
 # ratio is sound, but the early (cool) rows have the lowest times of gemmc and of cuBLAS alike.
 DRIFT = [(0, 100.0, 95.0),     # cool: gemmc 0.95x of cuBLAS in its own run
@@ -89,7 +85,7 @@ def test_the_verdict_is_paired_under_thermal_drift(tmp_path):
     assert [f.schedule for f in db.ranked_schedules(BIG, "sm_90a", GPU)] == [c[2], c[3], c[0], c[1]]
 
 
-def test_repeats_of_a_schedule_count_by_their_geometric_mean(tmp_path):
+def test_repeats_of_a_schedule_count_by_their_geometric_mean_then_the_median_row(tmp_path):
     db = TuningDB(tmp_path / "t.sqlite")
     c = SearchProblem.of(BIG).candidates
     db.record(BIG, "sm_90a", Measurement(c[0], 100.0, None, 120.0), GPU)    # 1.20x: a lucky run
@@ -98,13 +94,25 @@ def test_repeats_of_a_schedule_count_by_their_geometric_mean(tmp_path):
     # schedule 0: geomean 1.039 < 1.045 (its best row, 1.2, or its mean, 1.05, would have won)
     e = db.best(BIG, "sm_90a", GPU)
     assert e.schedule == c[1] and e.speedup == 104.5 / 100.0 and e.n_rows == 1 and e.n_measured == 3
-    db.record(BIG, "sm_90a", Measurement(c[0], 105.0, None, 120.75), GPU)   # 1.15x: geomean now 1.075
+    f0 = next(f for f in db.ranked_schedules(BIG, "sm_90a", GPU) if f.schedule == c[0])
+    assert f0.unsettled and f0.spread == pytest.approx(1.2 / 0.9 - 1)       # two rows 33% apart
+    db.record(BIG, "sm_90a", Measurement(c[0], 105.0, None, 120.75), GPU)   # 1.15x: the median of three
     e = db.best(BIG, "sm_90a", GPU)
     assert e.schedule == c[0] and e.n_rows == 3 and e.n_measured == 4
-    assert e.time_us == pytest.approx(_geomean([100.0, 110.0, 105.0]), rel=1e-12)
-    assert e.cublas_us == pytest.approx(_geomean([120.0, 99.0, 120.75]), rel=1e-12)
-    assert e.speedup == pytest.approx(_geomean([1.2, 0.9, 1.15]), rel=1e-12)
-    assert e.speedup == e.cublas_us / e.time_us
+    assert (e.time_us, e.cublas_us) == (105.0, 120.75) and e.speedup == pytest.approx(1.15)
+    f0 = next(f for f in db.ranked_schedules(BIG, "sm_90a", GPU) if f.schedule == c[0])
+    assert not f0.unsettled
+
+
+def test_one_outlier_among_three_rows_cannot_carry_a_schedule(tmp_path):
+    db = TuningDB(tmp_path / "t.sqlite")
+    c = SearchProblem.of(BIG).candidates
+    db.record(BIG, "sm_90a", Measurement(c[1], 100.0, None, 103.0), GPU)    # 1.03x
+    for t, cu in ((100.0, 130.0), (100.0, 99.0), (100.0, 100.0)):          # 1.30x (cuBLAS slow), 0.99x, 1.00x
+        db.record(BIG, "sm_90a", Measurement(c[0], t, None, cu), GPU)
+    # the geometric mean (1.088) would pick schedule 0; its median row (1.00) does not
+    e = db.best(BIG, "sm_90a", GPU)
+    assert e.schedule == c[1] and e.speedup == pytest.approx(1.03)
 
 
 def test_rows_without_cublas_rank_by_time(tmp_path):

@@ -9,9 +9,10 @@
 
 The verdict is paired: each measurement times gemmc and cuBLAS interleaved in the same CUDA-graph
 runs, and a problem's best schedule is the one with the highest geometric mean of cuBLAS / gemmc over
-its own measurements (problems with no cuBLAS time, such as fused epilogues, rank by time). That
-figure decides schedule="auto"'s fallback to torch.matmul. After each shape's search, `tune`
-re-measures the best --confirm schedules once more, so the verdict rests on repeats.
+its own measurements, or the median one from three on (problems with no cuBLAS time, such as fused
+epilogues, rank by time). That figure decides schedule="auto"'s fallback to torch.matmul. After each
+shape's search, `tune` re-measures the best --confirm schedules once more, until the best rest on two
+measurements within 2% of each other or on three, so the verdict rests on repeats.
 """
 from __future__ import annotations
 
@@ -68,10 +69,11 @@ def _parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("tune", help="search schedules on the GPU and store every measurement",
                        description="Search each shape's schedules (--budget of them), then re-measure the "
-                                   "--confirm best once more. Every measurement times gemmc and cuBLAS "
+                                   "--confirm best once more, until the best rest on two measurements within "
+                                   "2% of each other or on three. Every measurement times gemmc and cuBLAS "
                                    "interleaved in the same runs; the final table ranks schedules by that "
-                                   "paired speedup (geometric mean over a schedule's measurements). A killed "
-                                   "run resumes from the database.")
+                                   "paired speedup (geometric mean over a schedule's measurements, the median "
+                                   "one from three on). A killed run resumes from the database.")
     src = t.add_mutually_exclusive_group(required=True)
     src.add_argument("--suite", help="a bench suite: square, llm, cuda-l2")
     src.add_argument("--shapes", help="a file of 'M N K' lines")
@@ -82,8 +84,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--budget", type=int, default=24,
                    help="schedules measured per shape by the search (stored ones count: resume)")
     t.add_argument("--confirm", type=_count, default=3, metavar="N",
-                   help="then re-measure the N best schedules of each shape once more (extra to --budget; a "
-                        "resumed run skips those stored); 0: no confirmation")
+                   help="then re-measure the N best schedules of each shape once more, and again where the "
+                        "N best hold a schedule measured once or two measurements more than 2%% apart (at most "
+                        "three per schedule; extra to --budget; a resumed run skips those stored); 0: no "
+                        "confirmation")
     t.add_argument("--batch", type=int, default=4, help="schedules proposed and compiled together")
     t.add_argument("--workers", type=int, default=4, help="compile worker processes")
     t.add_argument("--compile-timeout", type=float, default=600.0)
@@ -146,8 +150,9 @@ def _geomean(xs):
 
 PAIRED_NOTE = """\
 paired = cuBLAS us / gemmc us, timed interleaved in the same runs; gemmc us, cuBLAS us and paired are
-geometric means over the best schedule's `rows` measurements. The best schedule is the one with the
-highest paired speedup (the fastest where no cuBLAS time was paired)."""
+geometric means over the best schedule's `rows` measurements, or the median one's from three rows on.
+The best schedule is the one with the highest paired speedup (the fastest where no cuBLAS time was
+paired)."""
 
 
 def _geomean_line(sps: list[float], what: str) -> str:
@@ -259,7 +264,11 @@ def _build_and_measure(schedules, spec, kspec, arch, builder, runner, db, gpu_na
 
 
 def _confirm(spec, arch, gpu_name, n, db, bar, evaluate) -> None:
-    """Re-measure the search's `n` best schedules that have no confirm row yet (see tune_shapes)."""
+    """Re-measure the search's `n` best schedules that have no confirm row yet (see tune_shapes). Then,
+    while the `n` best overall hold a schedule measured once, or one whose two paired rows disagree by
+    more than CONFIRM_SPREAD, measure it again: from three rows the verdict takes the median row, so a
+    run whose cuBLAS side happened to be slow cannot pick the schedule. At most two such rows per
+    schedule; a resumed run finds those stored."""
     from .db import CONFIRM
     top = [f.schedule for f in db.ranked_schedules(spec, arch, gpu_name, search_only=True)[:n]]
     done = db.confirmed(spec, arch, gpu_name)
@@ -268,6 +277,17 @@ def _confirm(spec, arch, gpu_name, n, db, bar, evaluate) -> None:
     for m in evaluate(todo, CONFIRM) if todo else ():
         if not m.ok:                  # it passed its check once: worth a look
             bar.write(f"confirm: {m.schedule.short()} failed on re-measure: {m.error}", file=sys.stderr)
+    tried: dict = {}
+    for _ in range(4 * n):            # each row can reorder the top: look again, a bounded number of times
+        again = [f.schedule for f in db.ranked_schedules(spec, arch, gpu_name)[:n]
+                 if f.cublas_us is not None and (f.n_rows == 1 or f.unsettled) and tried.get(f.schedule, 0) < 2]
+        if not again:
+            break
+        for s in again:
+            tried[s] = tried.get(s, 0) + 1
+        bar.total += len(again)
+        bar.set_postfix_str(f"{spec.m}x{spec.n}x{spec.k} settling the top {n}")
+        evaluate(again, CONFIRM)
 
 
 def print_summary(summary) -> None:

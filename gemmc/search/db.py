@@ -7,8 +7,9 @@ Location: $GEMMC_TUNING_DB, else <$GEMMC_CACHE_DIR or ~/.cache/gemmc>/tuning.sql
 The verdict (`TuningDB.best`) is paired: a row's gemmc and cuBLAS times were measured interleaved in
 the same CUDA-graph runs, so they share the GPU's clocks and temperature, which drift by up to ~30%
 over a long tune. The best schedule of a problem on a GPU is the one with the highest geometric
-mean of its rows' cublas_us / time_us; rows without a cuBLAS time (problems the Runner cannot pair,
-such as fused epilogues) rank by the geometric mean of their times. Comparing the fastest row with
+mean of its rows' cublas_us / time_us, or, from three paired rows on, the median row's (one run whose
+cuBLAS or gemmc side was slow cannot carry it); rows without a cuBLAS time (problems the Runner cannot
+pair, such as fused epilogues) rank by the geometric mean of their times. Comparing the fastest row with
 the fastest cuBLAS row of the whole run (schema 1's view) judged a thermal state, not a schedule.
 """
 from __future__ import annotations
@@ -33,6 +34,9 @@ from .strategy import Measurement, schedule_key
 
 SCHEMA_VERSION = 2      # 2: the min-time view best_per_problem is gone (the verdict is paired, in Python)
 CONFIRM = "confirm"     # the strategy of the rows `gemmc-search tune` re-measures after a search
+# two paired rows of one schedule whose speedups differ by more than this (relative) get a third
+# (`gemmc-search tune`): H200 cuBLAS runs of one shape read up to 7% apart between measurements
+CONFIRM_SPREAD = 0.02
 ALSO = "also"           # the strategy of the rows `gemmc-search tune --also` measures besides the search
 
 _SCHEMA = """
@@ -97,16 +101,23 @@ def _geomean(xs: list[float]) -> float:
 @dataclass(frozen=True)
 class ScheduleFigure:
     """One schedule's standing in a problem: geometric means over its paired rows (cuBLAS timed in the
-    same run), or over all its rows when none is paired (then cublas_us is None)."""
+    same run), the median row's times from three paired rows on, or geometric means over all its rows
+    when none is paired (then cublas_us is None)."""
     schedule: Schedule
     time_us: float
     cublas_us: Optional[float]
     n_rows: int             # the rows behind the figure
     first_id: int           # ties go to the schedule measured first
+    spread: float = 0.0     # max / min - 1 of the paired rows' speedups (0 with fewer than two)
 
     @property
     def speedup(self) -> Optional[float]:
         return self.cublas_us / self.time_us if self.cublas_us else None
+
+    @property
+    def unsettled(self) -> bool:
+        """Two paired rows that disagree by more than CONFIRM_SPREAD: a third decides (median)."""
+        return self.n_rows == 2 and self.cublas_us is not None and self.spread > CONFIRM_SPREAD
 
 
 def schedule_figures(rows: Iterable) -> list[ScheduleFigure]:
@@ -123,9 +134,15 @@ def schedule_figures(rows: Iterable) -> list[ScheduleFigure]:
     for schedule, rs in by_schedule.items():
         paired = [r for r in rs if r["cublas_us"] is not None and r["cublas_us"] > 0]
         use = paired or rs
-        out.append(ScheduleFigure(schedule, _geomean([r["time_us"] for r in use]),
-                                  _geomean([r["cublas_us"] for r in paired]) if paired else None, len(use),
-                                  rs[0]["id"]))
+        ratios = sorted((r["cublas_us"] / r["time_us"], r["id"]) for r in paired)
+        spread = ratios[-1][0] / ratios[0][0] - 1 if len(ratios) > 1 else 0.0
+        if len(paired) >= 3:     # the median row (the lower one of an even count): an outlier cannot move it
+            mid = next(r for r in paired if r["id"] == ratios[(len(ratios) - 1) // 2][1])
+            time_us, cublas_us = mid["time_us"], mid["cublas_us"]
+        else:
+            time_us = _geomean([r["time_us"] for r in use])
+            cublas_us = _geomean([r["cublas_us"] for r in paired]) if paired else None
+        out.append(ScheduleFigure(schedule, time_us, cublas_us, len(use), rs[0]["id"], spread))
     return out
 
 
@@ -145,8 +162,9 @@ class BestEntry:
     """The best stored schedule of one problem on one GPU, by the paired verdict (module docstring).
 
     time_us and cublas_us are the schedule's geometric means over its paired rows, so cublas_us /
-    time_us (`speedup`) is the geometric mean of its paired ratios; without a paired row, time_us is
-    the geometric mean of its times and cublas_us is None."""
+    time_us (`speedup`) is the geometric mean of its paired ratios; from three paired rows on, they are
+    the median row's; without a paired row, time_us is the geometric mean of its times and cublas_us is
+    None."""
     fields: dict
     gpu_name: str
     schedule: Schedule
