@@ -68,7 +68,7 @@ from dataclasses import dataclass, replace
 
 from .errors import ScheduleError
 from .schedule import (ARCH_LIMITS, Schedule, ScheduleSpace, ab_stage_bytes, check_schedule, default_schedule,
-                       enumerate_schedules, resolve_stages)
+                       enumerate_schedules, kernel_grid, resolve_stages)
 from .spec import GemmSpec
 from .types import as_arch
 
@@ -182,6 +182,7 @@ def estimate(s: Schedule, spec: GemmSpec, num_sms: int | None = None, m_hint: in
     mach = MACHINES[s.arch]
     P = num_sms or ARCH_LIMITS[s.arch].num_sms
     L, M, N, K = problem_dims(spec, m_hint, n_hint, k_hint)
+    tm, tn, tmc, tnc = kernel_grid(s, M, N)
     if s.swap_ab:       # the kernel's own problem: out^T = b @ a^T
         M, N = N, M
     bm, bn, bk = s.tile
@@ -194,8 +195,7 @@ def estimate(s: Schedule, spec: GemmSpec, num_sms: int | None = None, m_hint: in
     per_sm_l2 = mach.l2_bw / mach.num_sms
 
     # 1. grid and waves
-    tm, tn = math.ceil(M / bm), math.ceil(N / bn)
-    units = L * (math.ceil(tm / cm) * cm) * (math.ceil(tn / cn) * cn) * s.split_k
+    units = L * tmc * tnc * s.split_k
     p_c = usable_sms(P, cs)
     waves = math.ceil(units / p_c)
     wave_eff = L * tm * tn * s.split_k / (waves * P)
@@ -311,8 +311,8 @@ def batch_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = N
     sms = num_sms or ARCH_LIMITS["sm_90a"].num_sms
     best, best_ctas = None, 0
     for s in BATCH_SWAPS[next(w for w in sorted(BATCH_SWAPS) if m <= w)]:
-        bm, bn, _ = s.tile
-        ctas = math.ceil(n / bm) * math.ceil(math.ceil(m / bn) / s.cluster[1]) * s.cluster[1]
+        _, _, tmc, tnc = kernel_grid(s, m, n)
+        ctas = tmc * tnc
         if best_ctas < ctas <= sms and not check_schedule(s, spec):
             best, best_ctas = s, ctas
     return best

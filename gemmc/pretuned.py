@@ -4,8 +4,8 @@ tuning of one's own (gemmc/dispatch.py consults them after the user's tuning DB)
 A table (gemmc/pretuned_data/<gpu>.json) holds, per shape, the fastest schedule of a recorded sweep
 (bench/data) and the cuBLAS time measured beside it; where a tuning-DB export of the same GPU has the
 shape, its paired verdict (confirmed re-measurements, schedules the sweep never had, such as swap_ab)
-wins. It is built by `scripts/build_pretuned.py` and applies to the problem class it was measured on: bf16 in and out, f32 accumulation, A [M, K] and
-B [N, K] (`a @ b.T`), unbatched. A GEMM with a fused epilogue of that class takes the schedule too (the
+wins. It is built by `scripts/build_pretuned.py` and applies to the problem class it was measured on:
+bf16 in and out, f32 accumulation, A [M, K] and B [N, K] (`a @ b.T`), unbatched. A GEMM with a fused epilogue of that class takes the schedule too (the
 main loop is the same), but never the cuBLAS fallback: cuBLAS would need extra passes for the epilogue.
 """
 from __future__ import annotations

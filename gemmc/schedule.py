@@ -157,6 +157,16 @@ def epilogue_tile(s: Schedule) -> tuple[int, int]:
     return rows, min(bn, EPI_TILE_N)
 
 
+def kernel_grid(s: Schedule, m: int, n: int) -> tuple[int, int, int, int]:
+    """Output tiles of the kernel's own problem, M and N exchanged under swap_ab (out^T = b @ a^T):
+    (tm, tn), and the grid padded to whole clusters (tmc, tnc). One batch, no split-K."""
+    km, kn = (n, m) if s.swap_ab else (m, n)
+    bm, bn, _ = s.tile
+    cm, cn = s.cluster
+    tm, tn = math.ceil(km / bm), math.ceil(kn / bn)
+    return tm, tn, math.ceil(tm / cm) * cm, math.ceil(tn / cn) * cn
+
+
 def ab_stage_bytes(s: Schedule, spec: GemmSpec) -> int:
     bm, bn, bk = s.tile
     return (bm + bn) * bk * spec.dtype.bytes

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from ..schedule import ARCH_LIMITS, MODES, RASTERS, Schedule, resolve_stages
+from ..schedule import ARCH_LIMITS, MODES, RASTERS, Schedule, kernel_grid, resolve_stages
 from ..spec import GemmSpec
 from ..types import DType
 
@@ -50,9 +50,8 @@ def derived_features(s: Schedule, spec: GemmSpec) -> list[float]:
     bm, bn, bk = s.tile
     cm, cn = s.cluster
     sms = ARCH_LIMITS[s.arch].num_sms
-    m, n = (spec.n, spec.m) if s.swap_ab else (spec.m, spec.n)
-    tm, tn = math.ceil(m / bm), math.ceil(n / bn)
-    tmc, tnc = math.ceil(tm / cm) * cm, math.ceil(tn / cn) * cn
+    m, n = (spec.n, spec.m) if s.swap_ab else (spec.m, spec.n)     # the kernel's own problem
+    tm, tn, tmc, tnc = kernel_grid(s, spec.m, spec.n)
     ctas = tmc * tnc * s.split_k
     waves = ctas / sms
     wave_eff = ctas / (math.ceil(waves) * sms)
