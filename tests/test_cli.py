@@ -53,7 +53,7 @@ def test_compile_no_pdl_launches_plain(capsys):
     assert out.startswith("// schedule: 128x128x64_c1x1_coop_sauto_rm_sw1_k2_nopdl (sm_90a)\n")
     assert "kernel.tile_scheduler persistent true raster m swizzle 1 split_k 2 split_k_mode serial\n" in out
     rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "64", "--n", "4096", "--k", "4096", "--split-k", "2")
-    assert rc == 0 and "split_k_mode serial pdl true pdl_early_ctas 82 pdl_full_ctas 118\n" in out
+    assert rc == 0 and "split_k_mode serial pdl true pdl_early_ctas 82 pdl_full_ctas 118 pdl_prefetch_k_tiles 2\n" in out
 
 
 def test_compile_swap_ab_prints_the_swapped_schedule_and_ir(capsys):
@@ -151,11 +151,12 @@ def test_compile_auto_says_which_step_chose_and_when_cublas_runs(capsys, shipped
 
 
 def test_compile_auto_with_symbolic_m_prints_the_choice_per_m(capsys, shipped_only):
-    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "M", "--n", "4096", "--k", "14336")
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "M", "--n", "6144", "--k", "4096")
     assert rc == 0
     lines = [ln for ln in out.splitlines() if ln.startswith("//   M ")]
     assert lines[0].startswith("//   M 1..") and lines[-1].endswith("[heuristic]") and re.match(r"//   M \d+\.\.: ", lines[-1])
-    assert lines[0] == "//   M 1..2: torch.matmul [pretuned]"                       # M = 1: cuBLAS won
+    assert lines[0].startswith("//   M 1..2: ") and lines[0].endswith("_swap [pretuned]")   # M = 1: a swapped kernel
     assert any(ln.startswith("//   M 5..32: ") and ln.endswith("_swap [pretuned]") for ln in lines)   # M = 16
-    # the measured winner at M = 64: a swapped kernel, each weight tile multicast to a 1x2 cluster
-    assert "//   M 33..64: 64x32x128_c1x2_pp_s9_rm_sw1_k1_swap [pretuned]" in lines
+    # the measured winner at M = 64: a swapped kernel; at M = 128 cuBLAS won
+    assert "//   M 33..64: 64x64x128_c1x1_pp_sauto_rm_sw1_k1_swap [pretuned]" in lines
+    assert "//   M 65..128: torch.matmul [pretuned]" in lines

@@ -231,15 +231,19 @@ def test_kernel_verifier_errors(old, new, msg):
 
 def test_tile_scheduler_pdl_round_trips_and_defaults_to_plain():
     on = lowered_text()
-    bands = " pdl_early_ctas 82 pdl_full_ctas 118"     # 5/8 and 9/10 of the H200's 132 SMs
+    bands = " pdl_early_ctas 82 pdl_full_ctas 118 pdl_prefetch_k_tiles 2"     # 5/8 and 9/10 of the H200's 132 SMs
     assert f"split_k_mode none pdl true{bands}\n" in on
     assert print_module(parse_module(on)) == on
     sched = plan_from_module(parse_module(on)).scheduler
-    assert (sched.pdl_early_ctas, sched.pdl_full_ctas) == (82, 118)
+    assert (sched.pdl_early_ctas, sched.pdl_full_ctas, sched.pdl_prefetch_k_tiles) == (82, 118, 2)
     with pytest.raises(VerifyException, match="pdl_early_ctas is >= 0, and 0 without pdl"):
         parse_module(on.replace(f" pdl true{bands}", " pdl_early_ctas 82"))
     with pytest.raises(VerifyException, match="pdl_full_ctas is 0 .none., or above pdl_early_ctas"):
         parse_module(on.replace(bands, " pdl_early_ctas 82 pdl_full_ctas 80"))
+    with pytest.raises(VerifyException, match="pdl_prefetch_k_tiles is >= 0, and 0 without pdl"):
+        parse_module(on.replace(f" pdl true{bands}", " pdl_prefetch_k_tiles 2"))
+    with pytest.raises(VerifyException, match="pdl_prefetch_k_tiles is >= 0"):
+        parse_module(on.replace("pdl_prefetch_k_tiles 2", "pdl_prefetch_k_tiles -1"))
     plain = on.replace(f" pdl true{bands}", "")     # the text written before pdl existed
     module = parse_module(plain)
     assert plan_from_module(module).scheduler.pdl is False and print_module(module) == plain
@@ -272,7 +276,8 @@ def test_plan_from_module():
     assert plan.copy("bias") == OperandCopy("bias", "ldg", (1, 256), 0, 1, "", 16)
     assert plan.pipeline == Pipeline(4, ("full", "empty"), 2, (128, 32), 4 * (128 + 256) * 64 * 2 + 2 * 128 * 32 * 2
                                      + 1024)
-    assert plan.scheduler == TileScheduler(True, "m", 1, 1, "none", pdl=True, pdl_early_ctas=82, pdl_full_ctas=118)
+    assert plan.scheduler == TileScheduler(True, "m", 1, 1, "none", pdl=True, pdl_early_ctas=82, pdl_full_ctas=118,
+                                           pdl_prefetch_k_tiles=2)
     assert (plan.mma.kind, plan.mma.inst_shape, plan.mma.atom_layout) == ("wgmma", (64, 256, 16), (2, 1, 1))
     assert plan.epilogue.ops == BIAS_GELU.epilogue and plan.epilogue.store == "tma"
     assert (plan.problem.m, plan.problem.n, plan.problem.a_major, plan.problem.b_major) == ("M", 4096, "k", "k")

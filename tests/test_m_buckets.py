@@ -25,40 +25,41 @@ def test_runtime_m_reads_the_a_operand():
 
 
 def test_each_bucket_takes_the_shipped_choice_at_its_m(shipped_only):
-    won = shipped_only.entries[(64, 4096, 14336)]
-    lost = shipped_only.entries[(1, 4096, 14336)]
+    won = shipped_only.entries[(64, 6144, 4096)]
+    lost = shipped_only.entries[(128, 6144, 4096)]
     assert not won.cublas_faster and lost.cublas_faster
-    k = gemmc.compile(gemmc.GemmSpec("M", 4096, 14336), schedule="auto")
+    k = gemmc.compile(gemmc.GemmSpec("M", 6144, 4096), schedule="auto")
     assert k.m_buckets is not None and k.decision.source == "heuristic"    # the default: no M known
     d, kernel = k.for_m(64)
     assert d.source == "pretuned" and isinstance(kernel, CompiledGemm) and kernel.schedule == won.schedule
     assert k.for_m(33)[1] is kernel                     # 33 rounds up to the 64 bucket: the same kernel
     assert kernel.spec.m == "M"                         # compiled for the symbolic spec: serves every M
-    d, kernel = k.for_m(1)
+    d, kernel = k.for_m(128)
     assert d.source == "pretuned" and d.use_cublas and kernel is None
+    assert k.for_m(65)[1] is None                      # 65 rounds up to the 128 bucket: torch.matmul
     table = dict(k.m_buckets.table())
     assert set(table) == set(BUCKETS) and table[64].schedule == won.schedule
 
 
 def test_calls_route_by_m(shipped_only, monkeypatch):
-    k = gemmc.compile(gemmc.GemmSpec("M", 4096, 14336), schedule="auto")
-    a, b = torch.randn(1, 14336), torch.randn(4096, 14336)
-    assert torch.allclose(k(a, b), a @ b.T, rtol=1e-4, atol=1e-3)      # bucket 1: torch.matmul, no kernel
+    k = gemmc.compile(gemmc.GemmSpec("M", 6144, 4096), schedule="auto")
+    a, b = torch.randn(100, 4096), torch.randn(6144, 4096)
+    assert torch.allclose(k(a, b), a @ b.T, rtol=1e-4, atol=1e-3)      # bucket 128: torch.matmul, no kernel
     launched = []
     monkeypatch.setattr(CompiledGemm, "launcher", property(lambda self: lambda *x, **kw: launched.append(self)))
-    k(torch.randn(40, 14336), b)                                       # bucket 64: its own kernel
-    assert [x.schedule for x in launched] == [shipped_only.entries[(64, 4096, 14336)].schedule]
+    k(torch.randn(40, 4096), b)                                        # bucket 64: its own kernel
+    assert [x.schedule for x in launched] == [shipped_only.entries[(64, 6144, 4096)].schedule]
 
 
 def test_calls_with_named_operands_route_by_m(shipped_only, monkeypatch):
-    k = gemmc.compile(gemmc.GemmSpec("M", 4096, 14336), schedule="auto")
-    a, b = torch.randn(1, 14336), torch.randn(4096, 14336)
+    k = gemmc.compile(gemmc.GemmSpec("M", 6144, 4096), schedule="auto")
+    a, b = torch.randn(100, 4096), torch.randn(6144, 4096)
     launched = []
     monkeypatch.setattr(CompiledGemm, "launcher", property(lambda self: lambda *x, **kw: launched.append(self)))
-    out = k(a=a, b=b)                                   # bucket 1: torch.matmul, as k(a, b) does
+    out = k(a=a, b=b)                                   # bucket 128: torch.matmul, as k(a, b) does
     assert not launched and torch.allclose(out, a @ b.T, rtol=1e-4, atol=1e-3)
-    k(a=torch.randn(40, 14336), b=b)                     # bucket 64: its own kernel, not the default
-    assert [x.schedule for x in launched] == [shipped_only.entries[(64, 4096, 14336)].schedule]
+    k(a=torch.randn(40, 4096), b=b)                      # bucket 64: its own kernel, not the default
+    assert [x.schedule for x in launched] == [shipped_only.entries[(64, 6144, 4096)].schedule]
 
 
 def test_an_empty_a_takes_the_default_path(shipped_only, monkeypatch):

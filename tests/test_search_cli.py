@@ -235,6 +235,29 @@ def test_two_rows_that_disagree_get_a_third_and_the_median_row_decides(tmp_path)
     assert len(calls) == n
 
 
+def test_after_an_upgrade_confirm_re_measures_the_stale_top(tmp_path, monkeypatch):
+    """Rows of an older gemmc: a run with no search left re-measures the schedules at the top, each at
+    most three times, until the best rest on the running version's rows."""
+    import gemmc.search.db as dbmod
+    db = TuningDB(tmp_path / "t.sqlite")
+    monkeypatch.setattr(dbmod, "__version__", "0.1.0")
+    measure, calls = _drifting()
+    spec = _tune(db, measure)
+    n_old = db.count()
+    monkeypatch.setattr(dbmod, "__version__", "0.2.0")
+    assert all(f.stale for f in db.ranked_schedules(spec, "sm_90a", "fake"))
+    again, calls2 = _drifting()
+    _tune(db, again)                           # the budget is spent: no search, only re-measures
+    new = [r for r in db.rows()[n_old:]]
+    assert new and all(r["gemmc_version"] == "0.2.0" and r["strategy"] == "confirm" for r in new)
+    per = {}
+    for r in new:
+        per[r["schedule"]] = per.get(r["schedule"], 0) + 1
+    assert max(per.values()) <= 3 and len(calls2) == len(new)
+    top = db.ranked_schedules(spec, "sm_90a", "fake")[:3]
+    assert all(not f.stale and f.n_rows >= 2 and not f.unsettled for f in top)
+
+
 def test_a_run_killed_while_confirming_resumes_with_the_missing_confirmations(tmp_path):
     whole = TuningDB(tmp_path / "whole.sqlite")
     measure, calls = _drifting()

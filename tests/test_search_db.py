@@ -115,6 +115,28 @@ def test_one_outlier_among_three_rows_cannot_carry_a_schedule(tmp_path):
     assert e.schedule == c[1] and e.speedup == pytest.approx(1.03)
 
 
+def test_rows_of_a_newer_gemmc_supersede_a_schedules_older_rows(tmp_path, monkeypatch):
+    """New kernels may run at another speed: a schedule's figure takes only the rows of the newest gemmc
+    that measured it; one measured only by an older gemmc is stale (tune --confirm re-measures it)."""
+    import gemmc.search.db as dbmod
+    db = TuningDB(tmp_path / "t.sqlite")
+    c = SearchProblem.of(BIG).candidates
+    monkeypatch.setattr(dbmod, "__version__", "0.9.0")
+    for cu in (110.0, 109.0, 111.0):                                       # schedule 0: 1.10x, three rows
+        db.record(BIG, "sm_90a", Measurement(c[0], 100.0, None, cu), GPU)
+    db.record(BIG, "sm_90a", Measurement(c[1], 100.0, None, 105.0), GPU)    # schedule 1: 1.05x
+    assert not any(f.stale for f in db.ranked_schedules(BIG, "sm_90a", GPU))
+    monkeypatch.setattr(dbmod, "__version__", "0.10.0")                    # an upgrade (0.10 > 0.9)
+    f0, f1 = db.ranked_schedules(BIG, "sm_90a", GPU)
+    assert (f0.schedule, f0.n_rows, f0.version, f0.stale) == (c[0], 3, "0.9.0", True) and f1.stale
+    db.record(BIG, "sm_90a", Measurement(c[0], 100.0, None, 98.0), GPU)     # the new kernel: 0.98x
+    f1, f0 = db.ranked_schedules(BIG, "sm_90a", GPU)
+    assert (f0.schedule, f0.n_rows, f0.speedup, f0.version, f0.stale) == (c[0], 1, 0.98, "0.10.0", False)
+    e = db.best(BIG, "sm_90a", GPU)
+    assert e.schedule == c[1] and e.speedup == 1.05 and e.n_measured == 5     # every row stays stored
+    assert dbmod.version_key("0.10.0") > dbmod.version_key("0.9.1") > dbmod.version_key("0.9")
+
+
 def test_rows_without_cublas_rank_by_time(tmp_path):
     db = TuningDB(tmp_path / "t.sqlite")
     c = SearchProblem.of(BIAS).candidates

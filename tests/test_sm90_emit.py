@@ -143,7 +143,9 @@ def test_pdl_follows_the_plans_tile_scheduler(split_k):
     assert "use_pdl=PDL" in on and "use_pdl=PDL" in off     # the main launch reads the fact
     assert (constants(on)["PDL_EARLY_CTAS"], constants(on)["PDL_FULL_CTAS"]) == ("82", "118")
     assert (constants(off)["PDL_EARLY_CTAS"], constants(off)["PDL_FULL_CTAS"]) == ("0", "0")
+    assert (constants(on)["PDL_PREFETCH_K_TILES"], constants(off)["PDL_PREFETCH_K_TILES"]) == ("2", "0")
     on = on.replace("PDL_EARLY_CTAS = 82", "PDL_EARLY_CTAS = 0").replace("PDL_FULL_CTAS = 118", "PDL_FULL_CTAS = 0")
+    on = on.replace("PDL_PREFETCH_K_TILES = 2", "PDL_PREFETCH_K_TILES = 0")
     assert on.replace("PDL = True", "PDL = False").replace(
         "    cute.arch.griddepcontrol_wait()   # PDL: the partials are complete and visible after this\n", "").replace(
         ", use_pdl=True", "") == off
@@ -283,10 +285,14 @@ def test_ptx_has_the_hopper_instructions_the_plan_asks_for(ptx_of, name):
     bodies = re.split(r"^\.visible \.entry|^\.entry", ptx, flags=re.M)[1:]
     main = next(body for body in bodies if "wgmma.mma_async" in body)
     if not plan.scheduler.pdl:
-        assert "griddepcontrol" not in ptx
+        assert "griddepcontrol" not in ptx and "cp.async.bulk.prefetch.tensor" not in ptx
         return
     assert all("griddepcontrol.wait;" in body for body in bodies)
     assert main.index("griddepcontrol.wait;") < main.index("cp.async.bulk.tensor")
+    # before it waits, the main kernel prefetches its first k-tiles of A and B into L2 (one elected thread)
+    prefetches = re.findall(r"cp\.async\.bulk\.prefetch\.tensor\.\dd\.L2\.global\.tile\S* \[%rd(\d+),", main)
+    assert len(set(prefetches)) == 2, prefetches      # two tensor maps: A's and B's
+    assert main.index("cp.async.bulk.prefetch.tensor") < main.index("griddepcontrol.wait;")
     # a split-K kernel lets its dependent (the reduce) launch at once; the others let the next kernel
     # launch from the producer, after the loads: once the last is issued (small grids) or has been used
     trigger = main.count("griddepcontrol.launch_dependents;")

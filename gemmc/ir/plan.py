@@ -71,6 +71,8 @@ class TileScheduler:                    # lowering of the schedule (pipeline-sta
     # kernel launch once their last load is issued; the others once their last stage is released
     pdl_early_ctas: int = 0
     pdl_full_ctas: int = 0
+    # PDL: grids in those two bands first prefetch this many k-tiles of their first tile into L2, then wait
+    pdl_prefetch_k_tiles: int = 0
 
 
 @dataclass(frozen=True)

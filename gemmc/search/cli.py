@@ -12,7 +12,8 @@ runs, and a problem's best schedule is the one with the highest geometric mean o
 its own measurements, or the median one from three on (problems with no cuBLAS time, such as fused
 epilogues, rank by time). That figure decides schedule="auto"'s fallback to torch.matmul. After each
 shape's search, `tune` re-measures the best --confirm schedules once more, until the best rest on two
-measurements within 2% of each other or on three, so the verdict rests on repeats.
+measurements within 2% of each other or on three, so the verdict rests on repeats. A schedule measured
+only by an older gemmc (its kernels may have changed) is re-measured when it is among the best.
 """
 from __future__ import annotations
 
@@ -266,9 +267,10 @@ def _build_and_measure(schedules, spec, kspec, arch, builder, runner, db, gpu_na
 def _confirm(spec, arch, gpu_name, n, db, bar, evaluate) -> None:
     """Re-measure the search's `n` best schedules that have no confirm row yet (see tune_shapes). Then,
     while the `n` best overall hold a schedule measured once, or one whose two paired rows disagree by
-    more than CONFIRM_SPREAD, measure it again: from three rows the verdict takes the median row, so a
-    run whose cuBLAS side happened to be slow cannot pick the schedule. At most two such rows per
-    schedule; a resumed run finds those stored."""
+    more than CONFIRM_SPREAD, or one measured only by an older gemmc (stale), measure it again: from
+    three rows the verdict takes the median row, so a run whose cuBLAS side happened to be slow cannot
+    pick the schedule. At most two such rows per schedule and run (three for a stale one); a resumed run
+    finds those stored."""
     from .db import CONFIRM
     top = [f.schedule for f in db.ranked_schedules(spec, arch, gpu_name, search_only=True)[:n]]
     done = db.confirmed(spec, arch, gpu_name)
@@ -280,7 +282,8 @@ def _confirm(spec, arch, gpu_name, n, db, bar, evaluate) -> None:
     tried: dict = {}
     for _ in range(4 * n):            # each row can reorder the top: look again, a bounded number of times
         again = [f.schedule for f in db.ranked_schedules(spec, arch, gpu_name)[:n]
-                 if f.cublas_us is not None and (f.n_rows == 1 or f.unsettled) and tried.get(f.schedule, 0) < 2]
+                 if f.cublas_us is not None and (f.n_rows == 1 or f.unsettled or f.stale)
+                 and tried.get(f.schedule, 0) < (3 if f.stale else 2)]
         if not again:
             break
         for s in again:

@@ -11,6 +11,11 @@ mean of its rows' cublas_us / time_us, or, from three paired rows on, the median
 cuBLAS or gemmc side was slow cannot carry it); rows without a cuBLAS time (problems the Runner cannot
 pair, such as fused epilogues) rank by the geometric mean of their times. Comparing the fastest row with
 the fastest cuBLAS row of the whole run (schema 1's view) judged a thermal state, not a schedule.
+
+A schedule's figure uses only its rows from the newest gemmc version that measured it: a new version's
+kernels may run at another speed, so its rows supersede the older ones (which stay stored). A figure
+whose rows all predate the running version is `stale`, and `gemmc-search tune --confirm` re-measures it
+when it is among the best.
 """
 from __future__ import annotations
 
@@ -93,6 +98,11 @@ def problem_key(spec: GemmSpec, arch: str) -> str:
     return json.dumps(problem_fields(spec, arch), sort_keys=True, separators=(",", ":"))
 
 
+def version_key(version: str) -> tuple:
+    """'0.10.1' -> (0, 10, 1): versions order by their numeric parts (a non-numeric part counts 0)."""
+    return tuple(int(p) if p.isdigit() else 0 for p in str(version).split("."))
+
+
 def _geomean(xs: list[float]) -> float:
     # one row stays exact: a single measurement reads back as stored
     return xs[0] if len(xs) == 1 else math.exp(math.fsum(map(math.log, xs)) / len(xs))
@@ -109,10 +119,16 @@ class ScheduleFigure:
     n_rows: int             # the rows behind the figure
     first_id: int           # ties go to the schedule measured first
     spread: float = 0.0     # max / min - 1 of the paired rows' speedups (0 with fewer than two)
+    version: str = __version__  # the gemmc version of the rows behind the figure (the newest that measured it)
 
     @property
     def speedup(self) -> Optional[float]:
         return self.cublas_us / self.time_us if self.cublas_us else None
+
+    @property
+    def stale(self) -> bool:
+        """Measured only by an older gemmc, whose kernels may have run at another speed."""
+        return version_key(self.version) < version_key(__version__)
 
     @property
     def unsettled(self) -> bool:
@@ -122,7 +138,7 @@ class ScheduleFigure:
 
 def schedule_figures(rows: Iterable) -> list[ScheduleFigure]:
     """Per schedule, from successful rows of ONE problem on ONE GPU (mappings with id, schedule, time_us,
-    cublas_us)."""
+    cublas_us and gemmc_version): only the rows of the newest version that measured the schedule count."""
     parsed: dict[str, Schedule] = {}
     by_schedule: dict[Schedule, list] = {}    # by the Schedule, not its JSON: as `TuningDB.prior` does
     for r in sorted(rows, key=lambda r: r["id"]):
@@ -132,6 +148,8 @@ def schedule_figures(rows: Iterable) -> list[ScheduleFigure]:
             by_schedule.setdefault(parsed[r["schedule"]], []).append(r)
     out = []
     for schedule, rs in by_schedule.items():
+        version = max((r["gemmc_version"] for r in rs), key=version_key)
+        rs = [r for r in rs if r["gemmc_version"] == version]
         paired = [r for r in rs if r["cublas_us"] is not None and r["cublas_us"] > 0]
         use = paired or rs
         ratios = sorted((r["cublas_us"] / r["time_us"], r["id"]) for r in paired)
@@ -142,7 +160,7 @@ def schedule_figures(rows: Iterable) -> list[ScheduleFigure]:
         else:
             time_us = _geomean([r["time_us"] for r in use])
             cublas_us = _geomean([r["cublas_us"] for r in paired]) if paired else None
-        out.append(ScheduleFigure(schedule, time_us, cublas_us, len(use), rs[0]["id"], spread))
+        out.append(ScheduleFigure(schedule, time_us, cublas_us, len(use), rs[0]["id"], spread, version))
     return out
 
 

@@ -11,8 +11,9 @@ decision is made here or in the kernel. Blocks by role:
               full inputs whose plan copy is "tma" are TMA-loaded into smem per epilogue sub-tile,
               the others (copy "ldg", row/col vectors) are read from global memory per element
 Where the plan's tile scheduler says pdl, launches are programmatic dependent launches (PDL): the
-kernel's prologue (barrier init, descriptor prefetch) overlaps the previous kernel on the stream, and it
-waits on the grid dependency before its first global memory access; near its end, its producer lets the
+kernel's prologue (barrier init, descriptor prefetch, an L2 prefetch of its first
+plan.scheduler.pdl_prefetch_k_tiles k-tiles) overlaps the previous kernel on the stream, and it waits on
+the grid dependency before it loads into shared memory or stores; near its end, its producer lets the
 next kernel launch (plan.scheduler.pdl_early_ctas and pdl_full_ctas say when). Only the plan's mode is emitted
 (`resolve_mode`). Split-K (plan.scheduler.split_k > 1): the main kernel stores f32 partials to the
 workspace and the shared reduce kernel (backends/common.py) applies the epilogue; both launch from the
@@ -183,6 +184,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         PDL = $pdl                              # tile scheduler: pdl (programmatic dependent launch)
         PDL_EARLY_CTAS = $pdl_early             # tile scheduler: grids up to this size let the next kernel in early,
         PDL_FULL_CTAS = $pdl_full               # tile scheduler: and grids from this size (0: none)
+        PDL_PREFETCH_K_TILES = $pdl_prefetch    # tile scheduler: k-tiles warmed in L2 before griddepcontrol.wait
     ''', a_dtype=dsl_type(p.a_dtype), b_dtype=dsl_type(p.b_dtype), acc_dtype=dsl_type(p.acc_dtype),
         store_dtype=dsl_type(store_dtype),
         a_major="K" if ka_major == "k" else "MN", a_major_s=ka_major,
@@ -199,7 +201,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         atom_layout=tuple(plan.mma.atom_layout), raster_m=plan.scheduler.raster == "m", raster=plan.scheduler.raster,
         swizzle=plan.scheduler.swizzle, split_k=sk, sk_mode=plan.scheduler.split_k_mode,
         max_clusters=_max_clusters(plan), smem_bytes=plan.pipeline.smem_bytes, pdl=plan.scheduler.pdl,
-        pdl_early=plan.scheduler.pdl_early_ctas, pdl_full=plan.scheduler.pdl_full_ctas)
+        pdl_early=plan.scheduler.pdl_early_ctas, pdl_full=plan.scheduler.pdl_full_ctas, pdl_prefetch=plan.scheduler.pdl_prefetch_k_tiles)
 
     if swap:
         facts += ("\nSWAP_AB = True                          # schedule swap_ab: the kernel's A is b, its B is a; "
@@ -543,9 +545,26 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
             consumer_tidx = tidx % 128 if PINGPONG else tidx - 128
             thr_mma_c = tiled_mma.get_slice(consumer_tidx)
 
+            # PDL: before waiting for the previous grid, warm L2 with this CTA's first k-tiles. A prefetch
+            # only fills L2, the point of coherence, so it is safe even if the previous kernel writes them.
+            # Only grids in the early-trigger bands do it: mid-sized grids measured slower with it
+            if PDL and PDL_PREFETCH_K_TILES > 0:
+                grid_ctas = cute.arch.grid_dim()[0] * cute.arch.grid_dim()[1] * cute.arch.grid_dim()[2]
+                banded = grid_ctas <= PDL_EARLY_CTAS or (PDL_FULL_CTAS > 0 and grid_ctas >= PDL_FULL_CTAS)
+                if warp_idx == PRODUCER_WG * 4 and banded:
+                    first_sched = utils.StaticPersistentTileScheduler.create(
+                        sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
+                    first_work = first_sched.initial_work_tile_info()
+                    if first_work.is_valid_tile:
+                        tile_m, tile_n, tile_l_raw = first_work.tile_idx
+        $split_decode_f
+                        with cute.arch.elect_one():
+                            for kt in range(cutlass.min(k_count, PDL_PREFETCH_K_TILES)):
+                                cute.prefetch(tma_a, tAgA[(None, tile_m, k_begin + kt, tile_l)])
+                                cute.prefetch(tma_b, tBgB[(None, tile_n, k_begin + kt, tile_l)])
             pipeline.pipeline_init_wait(cluster_shape_mn=CLUSTER_MN)
             # PDL: everything above may overlap the previous kernel on the stream; no global memory is
-            # touched before its grid has completed
+            # read into shared memory or written before its grid has completed
             if PDL:
                 cute.arch.griddepcontrol_wait()
             # split-K: the reduce kernel is let in at once (it waits for this grid's partials); a next GEMM
@@ -601,7 +620,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
         c_params=("mC_mnl: cute.Tensor, out_mnl: cute.Tensor" if plan.swap_ab
                   else "tma_c: cute.CopyAtom, mC_mnl: cute.Tensor, out_mnl: cute.Tensor"),
         prefetch_c="" if plan.swap_ab else "        cpasync.prefetch_descriptor(tma_c)",
-        staged_init=_indent(staged_init.splitlines(), 4), split_decode_p=_indent(split_decode.splitlines(), 12),
+        staged_init=_indent(staged_init.splitlines(), 4), split_decode_p=_indent(split_decode.splitlines(), 12), split_decode_f=_indent(split_decode.splitlines(), 16),
         consumer=_consumer_source(plan, epi_math, split_decode, pingpong, staged_loop, bool(staged)))
     return src
 
