@@ -45,3 +45,15 @@ def shipped_only(monkeypatch, tmp_path):
     monkeypatch.setenv("GEMMC_TUNING_DB", str(tmp_path / "none.sqlite"))
     monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
     return table_for("sm_90a")
+
+
+def mixed_weights(table):
+    """(n, k, won_m, lost_m) of the first (N, K) in `table` whose M = 16 or 64 entry runs a gemmc kernel and
+    whose M = 128 or 256 entry runs torch.matmul (cuBLAS measured faster): the tests of per-M routing
+    use it, and a re-tuned table moves which shape that is."""
+    for n, k in sorted({(n, k) for _, n, k in table.entries}):
+        won = [m for m in (64, 16) if (m, n, k) in table.entries and not table.entries[(m, n, k)].cublas_faster]
+        lost = [m for m in (256, 128) if (m, n, k) in table.entries and table.entries[(m, n, k)].cublas_faster]
+        if won and lost:
+            return n, k, won[0], lost[0]
+    raise AssertionError("the shipped table has no (N, K) with a kernel at small M and cuBLAS at M 128-256")

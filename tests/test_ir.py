@@ -216,6 +216,8 @@ def lowered_text(spec=BIAS_GELU, schedule=Schedule(tile=(128, 256, 64), cluster=
     ("multicast 2 along m", "multicast 2", "says along m or n"),
     ("swizzle 128 multicast", "swizzle 96 multicast", "swizzle 96"),
     ("kernel.copy c tma_store", "kernel.copy d tma_store", "unknown operand 'd'"),
+    ("tma_store box 128x32 swizzle 64\n", "tma_store box 128x32 swizzle 64 evict_first true\n",
+     "evict_first is a TMA load's L2 policy; a tma_store copy has none"),
     ("stages 4 barriers", "stages 0 barriers", "stages 0"),
     ("split_k 1 split_k_mode none", "split_k 2 split_k_mode none", "split_k_mode is none exactly"),
     ("raster m swizzle", "raster z swizzle", "raster 'z'"),
@@ -271,8 +273,8 @@ def test_plan_from_module():
         ("sm_90a", (128, 256, 64), (2, 1), "cooperative", 384)
     assert plan.warpgroups == (WarpGroup("producer", 0, 40), WarpGroup("consumer", 1, 232),
                                WarpGroup("consumer", 2, 232))
-    assert plan.copy("b") == OperandCopy("b", "tma", (128, 64), 128, 2, "m")
-    assert plan.copy("a") == OperandCopy("a", "tma", (128, 64), 128, 1, "")
+    assert plan.copy("b") == OperandCopy("b", "tma", (128, 64), 128, 2, "m", l2_evict_first=True)
+    assert plan.copy("a") == OperandCopy("a", "tma", (128, 64), 128, 1, "", l2_evict_first=True)
     assert plan.copy("bias") == OperandCopy("bias", "ldg", (1, 256), 0, 1, "", 16)
     assert plan.pipeline == Pipeline(4, ("full", "empty"), 2, (128, 32), 4 * (128 + 256) * 64 * 2 + 2 * 128 * 32 * 2
                                      + 1024)

@@ -7,6 +7,8 @@ import gemmc
 from gemmc.compiler import CompiledGemm
 from gemmc.m_buckets import BUCKETS, bucket_of, runtime_m
 
+from conftest import mixed_weights
+
 
 def test_buckets_round_m_up_to_a_power_of_two():
     assert [bucket_of(m) for m in (1, 2, 3, 16, 17, 4096, 4097, 65536, 10**6)] == \
@@ -25,41 +27,43 @@ def test_runtime_m_reads_the_a_operand():
 
 
 def test_each_bucket_takes_the_shipped_choice_at_its_m(shipped_only):
-    won = shipped_only.entries[(64, 6144, 4096)]
-    lost = shipped_only.entries[(128, 6144, 4096)]
+    n, k_, won_m, lost_m = mixed_weights(shipped_only)
+    won, lost = shipped_only.entries[(won_m, n, k_)], shipped_only.entries[(lost_m, n, k_)]
     assert not won.cublas_faster and lost.cublas_faster
-    k = gemmc.compile(gemmc.GemmSpec("M", 6144, 4096), schedule="auto")
+    k = gemmc.compile(gemmc.GemmSpec("M", n, k_), schedule="auto")
     assert k.m_buckets is not None and k.decision.source == "heuristic"    # the default: no M known
-    d, kernel = k.for_m(64)
+    d, kernel = k.for_m(won_m)
     assert d.source == "pretuned" and isinstance(kernel, CompiledGemm) and kernel.schedule == won.schedule
-    assert k.for_m(33)[1] is kernel                     # 33 rounds up to the 64 bucket: the same kernel
+    assert k.for_m(won_m // 2 + 1)[1] is kernel          # rounds up to the same bucket: the same kernel
     assert kernel.spec.m == "M"                         # compiled for the symbolic spec: serves every M
-    d, kernel = k.for_m(128)
+    d, kernel = k.for_m(lost_m)
     assert d.source == "pretuned" and d.use_cublas and kernel is None
-    assert k.for_m(65)[1] is None                      # 65 rounds up to the 128 bucket: torch.matmul
+    assert k.for_m(lost_m // 2 + 1)[1] is None           # rounds up to the lost bucket: torch.matmul
     table = dict(k.m_buckets.table())
-    assert set(table) == set(BUCKETS) and table[64].schedule == won.schedule
+    assert set(table) == set(BUCKETS) and table[won_m].schedule == won.schedule
 
 
 def test_calls_route_by_m(shipped_only, monkeypatch):
-    k = gemmc.compile(gemmc.GemmSpec("M", 6144, 4096), schedule="auto")
-    a, b = torch.randn(100, 4096), torch.randn(6144, 4096)
-    assert torch.allclose(k(a, b), a @ b.T, rtol=1e-4, atol=1e-3)      # bucket 128: torch.matmul, no kernel
+    n, k_, won_m, lost_m = mixed_weights(shipped_only)
+    k = gemmc.compile(gemmc.GemmSpec("M", n, k_), schedule="auto")
+    a, b = torch.randn(lost_m - 1, k_), torch.randn(n, k_)
+    assert torch.allclose(k(a, b), a @ b.T, rtol=1e-4, atol=1e-3)      # the lost bucket: torch.matmul, no kernel
     launched = []
     monkeypatch.setattr(CompiledGemm, "launcher", property(lambda self: lambda *x, **kw: launched.append(self)))
-    k(torch.randn(40, 4096), b)                                        # bucket 64: its own kernel
-    assert [x.schedule for x in launched] == [shipped_only.entries[(64, 6144, 4096)].schedule]
+    k(torch.randn(won_m - 1, k_), b)                                   # the won bucket: its own kernel
+    assert [x.schedule for x in launched] == [shipped_only.entries[(won_m, n, k_)].schedule]
 
 
 def test_calls_with_named_operands_route_by_m(shipped_only, monkeypatch):
-    k = gemmc.compile(gemmc.GemmSpec("M", 6144, 4096), schedule="auto")
-    a, b = torch.randn(100, 4096), torch.randn(6144, 4096)
+    n, k_, won_m, lost_m = mixed_weights(shipped_only)
+    k = gemmc.compile(gemmc.GemmSpec("M", n, k_), schedule="auto")
+    a, b = torch.randn(lost_m - 1, k_), torch.randn(n, k_)
     launched = []
     monkeypatch.setattr(CompiledGemm, "launcher", property(lambda self: lambda *x, **kw: launched.append(self)))
-    out = k(a=a, b=b)                                   # bucket 128: torch.matmul, as k(a, b) does
+    out = k(a=a, b=b)                                   # the lost bucket: torch.matmul, as k(a, b) does
     assert not launched and torch.allclose(out, a @ b.T, rtol=1e-4, atol=1e-3)
-    k(a=torch.randn(40, 4096), b=b)                      # bucket 64: its own kernel, not the default
-    assert [x.schedule for x in launched] == [shipped_only.entries[(64, 6144, 4096)].schedule]
+    k(a=torch.randn(won_m - 1, k_), b=b)                # the won bucket: its own kernel, not the default
+    assert [x.schedule for x in launched] == [shipped_only.entries[(won_m, n, k_)].schedule]
 
 
 def test_an_empty_a_takes_the_default_path(shipped_only, monkeypatch):

@@ -289,6 +289,12 @@ def test_ptx_has_the_hopper_instructions_the_plan_asks_for(ptx_of, name):
         return
     assert all("griddepcontrol.wait;" in body for body in bodies)
     assert main.index("griddepcontrol.wait;") < main.index("cp.async.bulk.tensor")
+    # each operand's TMA loads take an L2 policy picked per call: evict-first (the word 0x12F0000000000000)
+    # when the grid loads each of its tiles once, else the default (0); symbolic M and N: one select each
+    selects = re.findall(r"selp\.b64\s+%rd\d+, 1364590687093260288, 0, %p\d+;", main)
+    assert "1364590687093260288" in main and len(selects) <= 2
+    if isinstance(plan.problem.m, str) and isinstance(plan.problem.n, str):
+        assert len(selects) == 2
     # before it waits, the main kernel prefetches its first k-tiles of A and B into L2 (one elected thread)
     prefetches = re.findall(r"cp\.async\.bulk\.prefetch\.tensor\.\dd\.L2\.global\.tile\S* \[%rd(\d+),", main)
     assert len(set(prefetches)) == 2, prefetches      # two tensor maps: A's and B's

@@ -7,8 +7,8 @@
     kernel.warpgroup consumer index 2 regs 232 warps 4
     kernel.mma wgmma inst 64x128x16 atoms 2x1x1 a_from smem
     kernel.cluster 2x1                                              // tma-cluster-layout
-    kernel.copy a tma box 64x64 swizzle 128 multicast 1
-    kernel.copy b tma box 64x64 swizzle 128 multicast 2 along m
+    kernel.copy a tma box 64x64 swizzle 128 multicast 1 evict_first true
+    kernel.copy b tma box 64x64 swizzle 128 multicast 2 along m evict_first true
     kernel.copy c tma_store box 128x32 swizzle 64 multicast 1
     kernel.pipeline stages 6 barriers [full, empty] epi_stages 2 epi_tile 128x32 smem 214016   // pipeline-staging
     kernel.tile_scheduler persistent true raster m swizzle 1 split_k 1 split_k_mode none pdl true pdl_early_ctas 82 pdl_full_ctas 118 pdl_prefetch_k_tiles 2
@@ -225,7 +225,7 @@ class CopyOp(FactOp):
     FIELDS: ClassVar[tuple] = (("operand", None, "word", _REQUIRED), ("kind", None, "word", _REQUIRED),
               ("box", "box", "shape", _REQUIRED), ("swizzle_bytes", "swizzle", "int", _REQUIRED),
               ("multicast", "multicast", "int", 1), ("multicast_along", "along", "word", ""),
-              ("vector_bytes", "vector", "int", 16))
+              ("vector_bytes", "vector", "int", 16), ("l2_evict_first", "evict_first", "bool", False))
     KINDS: ClassVar[tuple] = ("tma", "tma_store", "cp_async", "ldg", "st_global")
 
     def check(self) -> None:
@@ -237,6 +237,8 @@ class CopyOp(FactOp):
         self.fail_unless((v["multicast"] > 1) == (v["multicast_along"] in ("m", "n")),
                          "a multicast copy says along m or n; a plain copy says neither")
         self.fail_unless(v["vector_bytes"] in (2, 4, 8, 16), f"vector {v['vector_bytes']}; use 2, 4, 8 or 16 bytes")
+        self.fail_unless(not v["l2_evict_first"] or v["kind"] == "tma",
+                         f"evict_first is a TMA load's L2 policy; a {v['kind']} copy has none")
 
 
 @irdl_op_definition

@@ -48,6 +48,9 @@ class OperandCopy:                      # tma-cluster-layout
     multicast: int                      # number of CTAs receiving each load (1: none)
     multicast_along: str = ""           # "n" (A: CTAs of one cluster row) | "m" (B) | ""
     vector_bytes: int = 16              # cp.async width (SM80)
+    # TMA loads marked evict-first in L2 whenever the grid loads each of this operand's tiles once (one
+    # tile, or one cluster, across the other operand's extent): decode weights stream through L2
+    l2_evict_first: bool = False
 
 
 @dataclass(frozen=True)

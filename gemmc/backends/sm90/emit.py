@@ -185,6 +185,9 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         PDL_EARLY_CTAS = $pdl_early             # tile scheduler: grids up to this size let the next kernel in early,
         PDL_FULL_CTAS = $pdl_full               # tile scheduler: and grids from this size (0: none)
         PDL_PREFETCH_K_TILES = $pdl_prefetch    # tile scheduler: k-tiles warmed in L2 before griddepcontrol.wait
+        A_EVICT_FIRST = $a_evict_first          # tma-cluster-layout: A loads evict-first when each tile loads once
+        B_EVICT_FIRST = $b_evict_first          # tma-cluster-layout: B loads likewise
+        L2_EVICT_FIRST = 0x12F0000000000000     # the L2 cache policy word of evict-first (fraction 1.0)
     ''', a_dtype=dsl_type(p.a_dtype), b_dtype=dsl_type(p.b_dtype), acc_dtype=dsl_type(p.acc_dtype),
         store_dtype=dsl_type(store_dtype),
         a_major="K" if ka_major == "k" else "MN", a_major_s=ka_major,
@@ -201,7 +204,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         atom_layout=tuple(plan.mma.atom_layout), raster_m=plan.scheduler.raster == "m", raster=plan.scheduler.raster,
         swizzle=plan.scheduler.swizzle, split_k=sk, sk_mode=plan.scheduler.split_k_mode,
         max_clusters=_max_clusters(plan), smem_bytes=plan.pipeline.smem_bytes, pdl=plan.scheduler.pdl,
-        pdl_early=plan.scheduler.pdl_early_ctas, pdl_full=plan.scheduler.pdl_full_ctas, pdl_prefetch=plan.scheduler.pdl_prefetch_k_tiles)
+        pdl_early=plan.scheduler.pdl_early_ctas, pdl_full=plan.scheduler.pdl_full_ctas, pdl_prefetch=plan.scheduler.pdl_prefetch_k_tiles,
+        a_evict_first=ca.l2_evict_first, b_evict_first=cb.l2_evict_first)
 
     if swap:
         facts += ("\nSWAP_AB = True                          # schedule swap_ab: the kernel's A is b, its B is a; "
@@ -581,6 +585,16 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
                     sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
                 work = tile_sched.initial_work_tile_info()
                 load_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, AB_STAGES)
+                # L2 policy: an operand whose every tile this grid loads once (one tile, or one cluster, across
+                # the other extent: decode weights) streams through L2 evict-first; 0 is the default policy
+                a_policy = cutlass.Int64(0)
+                b_policy = cutlass.Int64(0)
+                if cutlass.const_expr(A_EVICT_FIRST):
+                    if (num_n + TILE_MNK[1] - 1) // TILE_MNK[1] <= CLUSTER_MN[1]:
+                        a_policy = cutlass.Int64(L2_EVICT_FIRST)
+                if cutlass.const_expr(B_EVICT_FIRST):
+                    if (num_m + TILE_MNK[0] - 1) // TILE_MNK[0] <= CLUSTER_MN[0]:
+                        b_policy = cutlass.Int64(L2_EVICT_FIRST)
                 while work.is_valid_tile:
                     tile_m, tile_n, tile_l_raw = work.tile_idx
         $split_decode_p
@@ -591,9 +605,9 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
                         ab_pipeline.producer_acquire(load_state)
                         full_barrier = ab_pipeline.producer_get_barrier(load_state)
                         cute.copy(tma_a, tAgA_t[(None, k_begin + kt)], tAsA[(None, load_state.index)],
-                                  tma_bar_ptr=full_barrier, mcast_mask=a_mcast_mask)
+                                  tma_bar_ptr=full_barrier, mcast_mask=a_mcast_mask, cache_policy=a_policy)
                         cute.copy(tma_b, tBgB_t[(None, k_begin + kt)], tBsB[(None, load_state.index)],
-                                  tma_bar_ptr=full_barrier, mcast_mask=b_mcast_mask)
+                                  tma_bar_ptr=full_barrier, mcast_mask=b_mcast_mask, cache_policy=b_policy)
                         ab_pipeline.producer_commit(load_state)
                         load_state.advance()
                     tile_sched.advance_to_next_work()
