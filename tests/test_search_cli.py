@@ -256,6 +256,29 @@ def test_after_an_upgrade_confirm_re_measures_the_stale_top(tmp_path, monkeypatc
     assert max(per.values()) <= 3 and len(calls2) == len(new)
     top = db.ranked_schedules(spec, "sm_90a", "fake")[:3]
     assert all(not f.stale and f.n_rows >= 2 and not f.unsettled for f in top)
+    assert not db.best(spec, "sm_90a", "fake").stale
+
+
+def test_report_marks_picks_measured_by_an_older_gemmc(tmp_path, capsys, monkeypatch):
+    import gemmc.search.cli as climod
+    import gemmc.search.db as dbmod
+    path = tmp_path / "t.sqlite"
+    db = TuningDB(path)
+    spec = gemmc.GemmSpec(128, 4096, 4096)
+    c = SearchProblem.of(spec).candidates
+    monkeypatch.setattr(dbmod, "__version__", "0.1.0")
+    db.record(spec, "sm_90a", Measurement(c[0], 25.0, None, 28.0), "NVIDIA H200", "bayes")
+    assert main(["--db", str(path), "report"]) == 0
+    assert "older gemmc" not in capsys.readouterr().out
+    monkeypatch.setattr(dbmod, "__version__", "0.2.0")
+    monkeypatch.setattr(climod, "__version__", "0.2.0")
+    assert main(["--db", str(path), "report"]) == 0
+    out = capsys.readouterr().out
+    assert c[0].short() + "  (gemmc 0.1.0)" in out
+    assert "1 of the picks rest on measurements of an older gemmc" in out and "with gemmc 0.2.0" in out
+    assert main(["--db", str(path), "report", "--json"]) == 0
+    row, = json.loads(capsys.readouterr().out)
+    assert row["gemmc_version"] == "0.1.0" and row["stale"] is True
 
 
 def test_a_run_killed_while_confirming_resumes_with_the_missing_confirmations(tmp_path):

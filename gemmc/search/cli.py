@@ -23,6 +23,7 @@ import math
 import sys
 import time
 
+from .. import __version__
 from .strategy import STRATEGIES
 
 
@@ -167,7 +168,8 @@ def cmd_report(args) -> int:
     if args.json:
         print(json.dumps([{**e.fields, "gpu": e.gpu_name, "schedule": e.schedule.to_dict(), "time_us": e.time_us,
                            "cublas_us": e.cublas_us, "speedup": e.speedup, "paired": e.cublas_us is not None,
-                           "rows": e.n_rows, "measured": e.n_measured}
+                           "rows": e.n_rows, "measured": e.n_measured, "gemmc_version": e.version,
+                           "stale": e.stale}
                           for e in rows]))
         return 0
     if not rows:
@@ -182,11 +184,16 @@ def cmd_report(args) -> int:
         cub = f"{e.cublas_us:.2f}" if e.cublas_us else "-"
         shape = f"{f['m']}x{f['n']}x{f['k']}" + (f" L{f['batch']}" if f['batch'] else "")
         print(f"{shape:>20} {f['dtype']:>5} {f['epilogue_class'][:10]:>10} {e.time_us:10.2f} "
-              f"{cub:>10} {sp:>8} {e.n_rows:4d} {e.n_measured:4d}  {e.schedule.short()}")
+              f"{cub:>10} {sp:>8} {e.n_rows:4d} {e.n_measured:4d}  {e.schedule.short()}"
+              + (f"  (gemmc {e.version})" if e.stale else ""))
     sps = [e.speedup for e in rows if e.speedup]
     if sps:
         print(_geomean_line(sps, f" over {len(sps)} problems"))
     print(f"{PAIRED_NOTE} n = the problem's successful measurements.")
+    stale = [e for e in rows if e.stale]
+    if stale:
+        print(f"{len(stale)} of the picks rest on measurements of an older gemmc (marked), whose kernels may have "
+              f"run at another speed: `gemmc-search tune --budget 1` re-measures them with gemmc {__version__}.")
     return 0
 
 

@@ -190,10 +190,16 @@ class BestEntry:
     cublas_us: Optional[float]
     n_measured: int         # successful rows of the problem on this GPU, every schedule
     n_rows: int = 1         # rows of this schedule behind time_us and cublas_us
+    version: str = __version__  # the gemmc version of those rows
 
     @property
     def speedup(self) -> Optional[float]:
         return self.cublas_us / self.time_us if self.cublas_us else None
+
+    @property
+    def stale(self) -> bool:
+        """The pick rests on rows of an older gemmc (`gemmc-search tune --budget 1` re-measures it)."""
+        return version_key(self.version) < version_key(__version__)
 
 
 _FIELDS = ("m", "n", "k", "batch", "dtype", "out_dtype", "acc_dtype", "a_layout", "b_layout", "epilogue_class",
@@ -285,7 +291,7 @@ class TuningDB:
                 continue
             top = ranked[0]
             out.append(BestEntry({c: rows[0][c] for c in _FIELDS}, gpu, top.schedule, top.time_us, top.cublas_us,
-                                 len(rows), top.n_rows))
+                                 len(rows), top.n_rows, top.version))
         return sorted(out, key=lambda e: (e.fields["m"], e.fields["n"], e.fields["k"], e.gpu_name,
                                           json.dumps(e.fields, sort_keys=True)))
 
