@@ -373,7 +373,6 @@ def _max_clusters(plan: KernelPlan) -> int:
 
 
 def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> str:
-    p = plan.problem
     # an input's (m, n) in the problem: swapped A/B put the problem's n on the kernel's m coordinate
     coords = ("en", "em", "el") if plan.swap_ab else ("em", "en", "el")
     kparams = "".join(",\n    " + x for x in input_kernel_params(inputs))
