@@ -103,6 +103,11 @@ def version_key(version: str) -> tuple:
     return tuple(int(p) if p.isdigit() else 0 for p in str(version).split("."))
 
 
+def older_than_running(version: str) -> bool:
+    """Rows of this gemmc version predate the running one: its kernels may have run at another speed."""
+    return version_key(version) < version_key(__version__)
+
+
 def _geomean(xs: list[float]) -> float:
     # one row stays exact: a single measurement reads back as stored
     return xs[0] if len(xs) == 1 else math.exp(math.fsum(map(math.log, xs)) / len(xs))
@@ -128,7 +133,7 @@ class ScheduleFigure:
     @property
     def stale(self) -> bool:
         """Measured only by an older gemmc, whose kernels may have run at another speed."""
-        return version_key(self.version) < version_key(__version__)
+        return older_than_running(self.version)
 
     @property
     def unsettled(self) -> bool:
@@ -199,7 +204,7 @@ class BestEntry:
     @property
     def stale(self) -> bool:
         """The pick rests on rows of an older gemmc (`gemmc-search tune --budget 1` re-measures it)."""
-        return version_key(self.version) < version_key(__version__)
+        return older_than_running(self.version)
 
 
 _FIELDS = ("m", "n", "k", "batch", "dtype", "out_dtype", "acc_dtype", "a_layout", "b_layout", "epilogue_class",

@@ -548,13 +548,15 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
             consumer_tidx = tidx % 128 if PINGPONG else tidx - 128
             thr_mma_c = tiled_mma.get_slice(consumer_tidx)
 
+            # PDL bands: grids of at most PDL_EARLY_CTAS or at least PDL_FULL_CTAS CTAs prefetch before the
+            # wait (below) and let the next kernel in once their last load is issued; mid-sized grids measured
+            # slower with either
+            grid_ctas = cute.arch.grid_dim()[0] * cute.arch.grid_dim()[1] * cute.arch.grid_dim()[2]
+            pdl_banded = grid_ctas <= PDL_EARLY_CTAS or (PDL_FULL_CTAS > 0 and grid_ctas >= PDL_FULL_CTAS)
             # PDL: before waiting for the previous grid, warm L2 with this CTA's first k-tiles. A prefetch
-            # only fills L2, the point of coherence, so it is safe even if the previous kernel writes them.
-            # Only grids in the early-trigger bands do it: mid-sized grids measured slower with it
+            # only fills L2, the point of coherence, so it is safe even if the previous kernel writes them
             if PDL and PDL_PREFETCH_K_TILES > 0:
-                grid_ctas = cute.arch.grid_dim()[0] * cute.arch.grid_dim()[1] * cute.arch.grid_dim()[2]
-                banded = grid_ctas <= PDL_EARLY_CTAS or (PDL_FULL_CTAS > 0 and grid_ctas >= PDL_FULL_CTAS)
-                if warp_idx == PRODUCER_WG * 4 and banded:
+                if warp_idx == PRODUCER_WG * 4 and pdl_banded:
                     first_sched = utils.StaticPersistentTileScheduler.create(
                         sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
                     first_work = first_sched.initial_work_tile_info()
@@ -612,15 +614,12 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
                     tile_sched.advance_to_next_work()
                     work = tile_sched.get_current_work()
                 # PDL: let the next kernel launch before this grid ends; its CTAs wait in
-                # griddepcontrol.wait until this grid has completed. Grids of at most PDL_EARLY_CTAS or
-                # at least PDL_FULL_CTAS CTAs do it once their last load is issued, the others once
-                # their last stage is released
-                grid_ctas = cute.arch.grid_dim()[0] * cute.arch.grid_dim()[1] * cute.arch.grid_dim()[2]
-                early = grid_ctas <= PDL_EARLY_CTAS or (PDL_FULL_CTAS > 0 and grid_ctas >= PDL_FULL_CTAS)
-                if PDL and SPLIT_K == 1 and early:
+                # griddepcontrol.wait until this grid has completed. Grids in the bands do it once their
+                # last load is issued, the others once their last stage is released
+                if PDL and SPLIT_K == 1 and pdl_banded:
                     cute.arch.griddepcontrol_launch_dependents()
                 ab_pipeline.producer_tail(load_state)
-                if PDL and SPLIT_K == 1 and not early:
+                if PDL and SPLIT_K == 1 and not pdl_banded:
                     cute.arch.griddepcontrol_launch_dependents()
 
             # ---- consumer warpgroups (assign-warpgroup-roles: consumers, CONSUMER_REGS registers) ----
