@@ -2,7 +2,7 @@
 optionally from tuning-DB exports of the same GPU, whose paired verdict wins where they have the shape.
 
     python3 scripts/build_pretuned.py bench/data/2026-11-30-h200-sweep*.jsonl.gz \
-        --tuned bench/results/2026-11-30-h200-llm-tuning-db-session9.json \
+        --tuned bench/results/2026-12-01-h200-llm-tuning-db-session10.json \
         --gpu "NVIDIA H200" --out gemmc/pretuned_data/h200.json
 """
 from __future__ import annotations

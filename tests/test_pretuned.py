@@ -18,7 +18,7 @@ from gemmc.spec import EpilogueInput, EpilogueOp, Ref
 ROOT = Path(__file__).resolve().parent.parent
 DATA = sorted((ROOT / "bench" / "data").glob("2026-11-30-h200-sweep*.jsonl.gz"))
 H200 = "NVIDIA H200"
-TUNED = ROOT / "bench" / "results" / "2026-11-30-h200-llm-tuning-db-session9.json"   # gemmc-search export
+TUNED = ROOT / "bench" / "results" / "2026-12-01-h200-llm-tuning-db-session10.json"   # gemmc-search export
 
 
 def h200():

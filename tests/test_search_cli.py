@@ -105,6 +105,20 @@ def test_tune_settle_reaches_the_runner_and_is_checked(tmp_path, capsys, monkeyp
     assert seen["timing"].settle_s == 1.5
 
 
+def test_tune_fresh_reaches_tune_shapes(tmp_path, monkeypatch):
+    """The CLI passes --fresh through (default off), with a fake GPU and no measurements."""
+    import gemmc.search.cli as climod
+    import gemmc.search.runner as runner_mod
+    seen = []
+    monkeypatch.setattr(runner_mod.Runner, "gpu_name", staticmethod(lambda: "fake"))
+    monkeypatch.setattr(climod, "tune_shapes", lambda shapes, **kw: seen.append(kw["fresh"]) or [])
+    db = str(tmp_path / "t.sqlite")
+    for extra, want in (([], False), (["--fresh"], True)):
+        assert main(["--db", db, "tune", "--suite", "llm", "--sample", "1", "--budget", "2", "--workers", "1",
+                     "--no-train-policy"] + extra) == 0
+        assert seen[-1] is want
+
+
 class _InlineBuilder:
     """Builder stand-in without processes (the real one is tested in test_search_builder)."""
 
@@ -159,14 +173,14 @@ def _drifting(fail_at=None):
     return measure, calls
 
 
-def _tune(db, measure, budget=6, confirm=3):
+def _tune(db, measure, budget=6, confirm=3, fresh=False):
     from gemmc.bench.suites import Shape
     from gemmc.search.cli import tune_shapes
     from gemmc.search.runner import Runner
     shape = Shape(64, 4096, 4096)
     tune_shapes([shape], dtype="bf16", arch="sm_90a", strategy="bayes", budget=budget, batch=2, db=db,
                 builder=_InlineBuilder(), runner=Runner(measure_fn=measure), gpu_name="fake", progress=False,
-                confirm=confirm)
+                confirm=confirm, fresh=fresh)
     return gemmc.GemmSpec(shape.m, shape.n, shape.k)
 
 
@@ -257,6 +271,34 @@ def test_after_an_upgrade_confirm_re_measures_the_stale_top(tmp_path, monkeypatc
     top = db.ranked_schedules(spec, "sm_90a", "fake")[:3]
     assert all(not f.stale and f.n_rows >= 2 and not f.unsettled for f in top)
     assert not db.best(spec, "sm_90a", "fake").stale
+
+
+def test_fresh_searches_the_budget_again_under_a_new_gemmc(tmp_path, monkeypatch):
+    """--fresh after an upgrade: the budget counts only the running version's rows, so the search runs
+    again (re-measuring schedules an older gemmc measured); without it, a spent budget searches nothing."""
+    import gemmc.search.cli as climod
+    import gemmc.search.db as dbmod
+    db = TuningDB(tmp_path / "t.sqlite")
+    for mod in (dbmod, climod):
+        monkeypatch.setattr(mod, "__version__", "0.1.0")
+    measure, _ = _drifting()
+    spec = _tune(db, measure, confirm=0)
+    old = {r["schedule"] for r in db.rows()}
+    assert len(old) == 6
+    for mod in (dbmod, climod):
+        monkeypatch.setattr(mod, "__version__", "0.2.0")
+    again, calls = _drifting()
+    _tune(db, again, confirm=0)
+    assert calls == []                                   # the budget counts the 0.1.0 rows
+    _tune(db, again, confirm=0, fresh=True)
+    new = [r for r in db.rows() if r["gemmc_version"] == "0.2.0"]
+    assert len(calls) == len(new) == 6 and {r["strategy"] for r in new} == {"bayes"}
+    assert len({r["schedule"] for r in new}) == 6
+    assert {r["schedule"] for r in new} & old           # the heuristic's first picks, measured again
+    assert len(db.prior(spec, "sm_90a", "fake", version="0.2.0")) == 6
+    assert len(db.prior(spec, "sm_90a", "fake", version="0.1.0")) == 6
+    _tune(db, again, confirm=0, fresh=True)
+    assert len(calls) == 6                               # resumed: this version's budget is spent
 
 
 def test_report_marks_picks_measured_by_an_older_gemmc(tmp_path, capsys, monkeypatch):

@@ -103,6 +103,10 @@ def _parser() -> argparse.ArgumentParser:
                         "shape where they are valid, after the search; stored with strategy 'also', extra to "
                         "--budget, ranked with the search's rows; a resumed run skips those stored. For schedules "
                         "outside the strategies' space")
+    t.add_argument("--fresh", action="store_true",
+                   help="count toward --budget only this gemmc version's measurements, so the search runs "
+                        "again after a kernel change (older rows stay in the ranking, marked stale, and the "
+                        "confirmations re-measure those that reach the top)")
     t.add_argument("--no-train-policy", action="store_true", help="skip retraining the policy at the end")
     t.add_argument("--symbolic", action="store_true",
                    help="compile each schedule once for symbolic M, N, K (shared by every shape)")
@@ -199,7 +203,7 @@ def cmd_report(args) -> int:
 
 def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, batch: int, db, builder, runner,
                 gpu_name: str, seed: int = 0, progress: bool = True, symbolic: bool = False,
-                confirm: int = 3, also=()) -> list:
+                confirm: int = 3, also=(), fresh: bool = False) -> list:
     """Tune every shape (resuming from what `db` holds); [(shape, BestEntry | None)].
 
     symbolic: compile each schedule once for symbolic M, N, K (one kernel serves every shape, as in
@@ -209,7 +213,10 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
     more each, stored with strategy "confirm". Those rows are extra to `budget` (which counts distinct
     schedules), and a resumed run measures only the confirmations not stored yet.
     also: schedules measured on every shape where they are valid, after the search and before the
-    confirmations (stored with strategy "also"; extra to `budget`; skipped where stored)."""
+    confirmations (stored with strategy "also"; extra to `budget`; skipped where stored).
+    fresh: only the running gemmc version's rows count toward `budget` and reach the strategy, so a
+    kernel change is searched again; older rows stay in the ranking, and the confirmations re-measure
+    the ones that reach the top."""
     from tqdm import tqdm
 
     from ..schedule import is_valid
@@ -229,7 +236,8 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
     for sh in shapes:
         spec = GemmSpec(sh.m, sh.n, sh.k, dtype=dtype)
         problem = SearchProblem.of(spec, arch)
-        stored = db.prior(spec, arch, gpu_name)      # one per schedule: confirm rows add none
+        # one per schedule: confirm rows add none
+        stored = db.prior(spec, arch, gpu_name, version=__version__ if fresh else None)
         # the strategy sees only its own space (an --also schedule may lie outside it)
         cands = set(problem.candidates)
         prior = [m for m in stored if m.schedule in cands]
@@ -339,7 +347,8 @@ def cmd_tune(args) -> int:
     with Builder(workers=args.workers, timeout_s=args.compile_timeout) as builder:
         summary = tune_shapes(shapes, dtype=args.dtype, arch=args.arch, strategy=args.strategy, budget=args.budget,
                               batch=args.batch, db=db, builder=builder, runner=runner, gpu_name=gpu, seed=args.seed,
-                              symbolic=args.symbolic, confirm=args.confirm, also=args.also)
+                              symbolic=args.symbolic, confirm=args.confirm, also=args.also,
+                              fresh=args.fresh)
     if not args.no_train_policy and args.strategy != "rl":
         from .rl import train_policy_from_db
         try:

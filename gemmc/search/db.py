@@ -267,13 +267,18 @@ class TuningDB:
         return cur.lastrowid
 
     # ---- reading ------------------------------------------------------------------------------
-    def prior(self, spec: GemmSpec, arch: str, gpu_name: Optional[str] = None) -> list[Measurement]:
-        """Stored measurements of this problem (the latest per schedule): a resumed run starts from these."""
+    def prior(self, spec: GemmSpec, arch: str, gpu_name: Optional[str] = None,
+              version: Optional[str] = None) -> list[Measurement]:
+        """Stored measurements of this problem (the latest per schedule): a resumed run starts from these.
+        version: only the rows that gemmc version measured."""
         q = "SELECT * FROM measurements WHERE problem = ?"
         args: list = [problem_key(spec, arch)]
         if gpu_name is not None:
             q += " AND gpu_name = ?"
             args.append(gpu_name)
+        if version is not None:
+            q += " AND gemmc_version = ?"
+            args.append(version)
         out: dict[Schedule, Measurement] = {}
         for r in self.conn.execute(q + " ORDER BY id", args):
             s = Schedule.from_dict(json.loads(r["schedule"]))
