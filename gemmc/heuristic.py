@@ -45,7 +45,10 @@ per input element, split-K factor S, batch L, P the SM count (`num_sms`, default
    own problem, M and N exchanged, which ranks the measured decode winners near the top (the search's
    prior) but not reliably first, so a measured rule comes first: `DECODE_SWAP` (64x16x128 ping-pong,
    10 stages, swap_ab) beat cuBLAS by 1.045x (geometric mean, minimum 0.994x) over the 16 Llama-3 decode
-   shapes on the H200, where the model's own unswapped picks (split-K) measured about 0.98x.
+   shapes on the H200, where the model's own unswapped picks (split-K) measured about 0.98x. For M <= 8,
+   `DECODE_SWAP_NARROW` (the same with an 8-wide activation tile): over the 6 Llama-3 shapes at M = 1 that
+   the session-10 tune measured both on (gemmc 0.3.0, paired against cuBLAS), 1.127x against 1.105x,
+   never slower (bench/results/2026-12-01-h200-llm-tuning-db-session10.json).
 8. Small batches on sm_90a (8 < M <= 128, 4096 <= N <= 8192, K >= 4096), before step 7: a swapped
    kernel whose 1x2 cluster multicasts each weight tile to two activation tiles (`ScheduleSpace.swapped_batch`,
    and the pairs of `swapped_decode`). Of the measured `BATCH_SWAPS` for M's activation tile width, the
@@ -75,7 +78,8 @@ from .types import as_arch
 DEFAULT_DIM = 4096
 # step 7 of the docstring (bench/results/2026-11-30-h200-decode-session5.json, "swap_ab_scan")
 DECODE_SWAP = Schedule(tile=(64, 16, 128), mode="pingpong", stages=10, swap_ab=True)
-DECODE_MAX_M, DECODE_MIN_NK = 16, 4096
+DECODE_SWAP_NARROW = Schedule(tile=(64, 8, 128), mode="pingpong", stages=10, swap_ab=True)   # M <= 8
+DECODE_MAX_M, DECODE_NARROW_MAX_M, DECODE_MIN_NK = 16, 8, 4096
 # step 8: per activation tile width bound (M <= 16: 8-wide tiles in pairs, M <= 32: 16-wide, M <= 64:
 # 32-wide in pairs or one 64-wide, else 64-wide in pairs), in tie order
 BATCH_SWAPS = {
@@ -291,13 +295,15 @@ def rank_schedules(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = N
 
 def decode_schedule(spec: GemmSpec, arch: str = "sm_90a", m_hint: int | None = None, n_hint: int | None = None,
                     k_hint: int | None = None) -> Schedule | None:
-    """`DECODE_SWAP` where step 7 applies and the predicate accepts it, else None."""
+    """Step 7's pick (`DECODE_SWAP_NARROW` up to M = 8, else `DECODE_SWAP`) where it applies and the
+    predicate accepts it, else None."""
     if as_arch(arch) != "sm_90a":
         return None
     _, m, n, k = problem_dims(spec, m_hint, n_hint, k_hint)
     if m > DECODE_MAX_M or min(n, k) < DECODE_MIN_NK:
         return None
-    return DECODE_SWAP if not check_schedule(DECODE_SWAP, spec) else None
+    pick = DECODE_SWAP_NARROW if m <= DECODE_NARROW_MAX_M else DECODE_SWAP
+    return pick if not check_schedule(pick, spec) else None
 
 
 def batch_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = None, m_hint: int | None = None,

@@ -53,15 +53,19 @@ def test_decode_with_few_tiles_and_long_k_ranks_split_k_first(m, n, k):
     assert s.tile[0] == 64 and s.mode == "pingpong" and s.split_k > 1
 
 
-@pytest.mark.parametrize("m, n, k, swapped", [(1, 4096, 14336, True), (16, 57344, 8192, True), (17, 4096, 4096, False),
-                                              (16, 2048, 4096, False), (16, 4096, 1024, False)])
-def test_decode_takes_the_measured_swap_rule(m, n, k, swapped):
-    from gemmc.heuristic import DECODE_SWAP
+@pytest.mark.parametrize("m, n, k, rule", [(1, 4096, 14336, "narrow"), (8, 57344, 8192, "narrow"),
+                                           (9, 57344, 8192, "wide"), (16, 57344, 8192, "wide"),
+                                           (17, 4096, 4096, None), (16, 2048, 4096, None), (16, 4096, 1024, None)])
+def test_decode_takes_the_measured_swap_rule(m, n, k, rule):
+    from gemmc.heuristic import DECODE_SWAP, DECODE_SWAP_NARROW
     s = choose_schedule(spec(m, n, k), "sm_90a")
-    assert (s == DECODE_SWAP) == swapped
+    assert s == {"narrow": DECODE_SWAP_NARROW, "wide": DECODE_SWAP}.get(rule, s)
+    assert (s in (DECODE_SWAP, DECODE_SWAP_NARROW)) == (rule is not None)
+    if rule == "narrow":                        # one 8-wide activation tile holds all M rows
+        assert s.tile[1] >= m and s.swap_ab and s.stages == 10
     assert choose_schedule(spec(m, n, k), "sm_80").arch == "sm_80"          # SM90 only
     assert choose_schedule(spec("M", n, k), m_hint=m) == s                  # a hinted symbolic M: the same
-    assert choose_schedule(spec("M", n, k)) != DECODE_SWAP                  # no hint: M reads 4096
+    assert choose_schedule(spec("M", n, k)) not in (DECODE_SWAP, DECODE_SWAP_NARROW)   # no hint: M reads 4096
 
 
 @pytest.mark.parametrize("m, n", [(1, 14336), (8, 14336), (64, 14336)])
@@ -278,6 +282,7 @@ def test_small_batches_take_the_swapped_cluster_rule(m, n, k, tile, cluster):
                                            (64, 4096, 1024, "sm_90a"), (64, 4096, 4096, "sm_80")])
 def test_the_batch_rule_stays_out_of_its_range(m, n, k, arch):
     from gemmc.heuristic import batch_schedule
-    from gemmc.heuristic import DECODE_SWAP
+    from gemmc.heuristic import DECODE_SWAP, DECODE_SWAP_NARROW
     assert batch_schedule(spec(m, n, k), arch) is None
-    assert choose_schedule(spec(m, n, k), arch) in (DECODE_SWAP,) or not choose_schedule(spec(m, n, k), arch).swap_ab
+    s = choose_schedule(spec(m, n, k), arch)
+    assert s in (DECODE_SWAP, DECODE_SWAP_NARROW) or not s.swap_ab
