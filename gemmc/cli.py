@@ -79,7 +79,7 @@ def add_problem_and_schedule_args(p) -> None:
                      help="plain launches, not programmatic dependent ones (sm_90a; sm_80 kernels always launch plain)")
     sch.add_argument("--swap-ab", dest="swap_ab", action="store_const", const=True, default=None,
                      help="swap A and B (sm_90a, split-K 1): the kernel computes out^T = b @ a^T, --tile and "
-                          "--cluster read N first; for decode shapes (M <= 16)")
+                          "--cluster read N first; for decode and small-batch shapes (M <= 128)")
 
 
 def add_compile_parser(sub) -> None:
@@ -100,11 +100,12 @@ def _banner(what: str) -> str:
 
 
 def _bucket_runs(table):
-    """[("lo..hi", Decision)] merging neighbouring buckets that make the same choice; the last run is
-    written "lo.." because the last bucket takes every larger M too."""
+    """[("lo..hi", Decision)] merging neighbouring buckets that make the same choice from the same source
+    (the label names it); the last run is written "lo.." because the last bucket takes every larger M too."""
     runs, lo = [], 1
+    same = lambda x, y: (x.schedule, x.use_cublas, x.source) == (y.schedule, y.use_cublas, y.source)  # noqa: E731
     for b, d in table:
-        if runs and (runs[-1][2].schedule, runs[-1][2].use_cublas) == (d.schedule, d.use_cublas):
+        if runs and same(runs[-1][2], d):
             runs[-1] = (runs[-1][0], b, runs[-1][2])
         else:
             runs.append((lo, b, d))

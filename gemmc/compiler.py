@@ -55,8 +55,9 @@ def choose_schedule(spec: GemmSpec, schedule: Union[str, Schedule, dict], arch: 
 
 
 def auto_decision(spec: GemmSpec, arch: str):
-    """schedule="auto": the tuning DB (exact match, nearest tuned shape, policy), else the heuristic
-    (gemmc/dispatch.py). The Decision says whether cuBLAS measured faster on this exact problem."""
+    """schedule="auto": the tuning DB's exact match, the shipped table's, a tuned neighbour or the policy,
+    the shipped table's neighbour, else the heuristic (gemmc/dispatch.py). The Decision says whether
+    cuBLAS should run the call instead."""
     from .dispatch import resolve_auto
     return resolve_auto(spec, as_arch(arch))
 
@@ -167,7 +168,7 @@ class CompiledGemm:
 
 
 def _cublas_call(spec: GemmSpec, a, b, out=None):
-    """torch.matmul for a plain GEMM (no epilogue) where the tuning DB measured cuBLAS faster."""
+    """torch.matmul for a plain GEMM (no epilogue) where `auto` chose cuBLAS (gemmc/dispatch.py)."""
     import torch
     a_mk = a if spec.a_layout == "mk" else a.transpose(-2, -1)
     b_kn = b.transpose(-2, -1) if spec.b_layout == "nk" else b

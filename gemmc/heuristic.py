@@ -8,7 +8,7 @@ per input element, split-K factor S, batch L, P the SM count (`num_sms`, default
 1. Grid and waves (wave quantization; tile N 96/160/224 enter the space for M <= 256, `heuristic_space`):
      tm = ceil(M/BM), tn = ceil(N/BN)                       output tiles
      units = L * ceil(tm/cm)*cm * ceil(tn/cn)*cn * S           work units (grid padded to whole clusters)
-     P_c = usable SMs for clusters of cs CTAs (GPC fragmentation: 100% for cs<=2, 128/132 at 4,
+     P_c = usable SMs for clusters of cs CTAs (GPC fragmentation: 100% for cs<=2, 120/132 at 4,
            120/132 at 8, 112/132 at 16), rounded down to a multiple of cs
      waves = ceil(units / P_c);   wave_efficiency = L*tm*tn*S / (waves * P)
 2. Main loop of one unit, per k-block (k_iters = ceil(ceil(K/BK)/S)):

@@ -1,7 +1,8 @@
 """schedule="auto" for a kernel whose M is symbolic: the choice is made per runtime M bucket.
 
 One symbolic-M kernel serves every M, but the best schedule, and whether cuBLAS wins, depends on M: a
-decode batch of 16 rows wants split-K and 64-row tiles, a prefill of 4096 rows wants 128x256 tiles.
+decode batch of 16 rows wants a swapped kernel with 8-wide activation tiles, a prefill of 4096 rows
+wants 128x256 tiles.
 A runtime M is rounded up to a power of two (M above the last bucket shares it). Each bucket is resolved
 once with gemmc.dispatch.resolve_auto at that M. Its kernel is compiled for the symbolic spec, so it
 serves every M of the bucket, and is built on first use (or by `build()`). A bucket's cuBLAS fallback

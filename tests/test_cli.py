@@ -170,3 +170,16 @@ def test_compile_auto_with_symbolic_m_prints_the_choice_per_m(capsys, shipped_on
     assert at(won_m) == shipped_only.entries[(won_m, n, k)].schedule.short() + " [pretuned]"
     assert at(lost_m) == "torch.matmul [pretuned]"
     assert sorted(ranges)[0][0] == 1 and all(a[1] + 1 == b[0] for a, b in zip(sorted(ranges), sorted(ranges)[1:]))
+
+
+def test_per_m_runs_merge_only_buckets_with_the_same_choice_and_source():
+    from gemmc.cli import _bucket_runs
+    from gemmc.dispatch import Decision
+    from gemmc.schedule import Schedule
+    s = Schedule(tile=(64, 8, 128), mode="pingpong", stages=10, swap_ab=True)
+    t = Schedule(tile=(128, 256, 64), cluster=(2, 1), mode="cooperative")
+    table = [(2, Decision(s, "pretuned")), (4, Decision(s, "heuristic")), (8, Decision(s, "heuristic")),
+             (16, Decision(t, "pretuned")), (32, Decision(t, "pretuned", use_cublas=True))]
+    runs = [(r, d.source, d.use_cublas) for r, d in _bucket_runs(table)]
+    assert runs == [("1..2", "pretuned", False), ("3..8", "heuristic", False), ("9..16", "pretuned", False),
+                    ("17..", "pretuned", True)]

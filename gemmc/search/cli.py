@@ -84,9 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--arch", default="sm_90a")
     t.add_argument("--strategy", default="bayes", choices=STRATEGIES)
     t.add_argument("--budget", type=int, default=24,
-                   help="schedules measured per shape by the search (stored ones count: resume)")
+                   help="schedules measured per shape by the search (default 24; stored ones count: resume; with --fresh, only this gemmc version's)")
     t.add_argument("--confirm", type=_count, default=3, metavar="N",
-                   help="then re-measure the N best schedules of each shape once more, and again where the "
+                   help="(default 3) then re-measure the N best schedules of each shape once more, and again where the "
                         "N best hold a schedule measured once or two measurements more than 2%% apart (at most "
                         "three per schedule; extra to --budget; a resumed run skips those stored); 0: no "
                         "confirmation")
