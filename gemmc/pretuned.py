@@ -139,12 +139,14 @@ def _visible_gpu() -> Optional[str]:
 
 
 def table_for(arch: str, gpu_name: Optional[str] = None) -> Optional[PretunedTable]:
-    """The table for this GPU: by name (`gpu_name`, else the visible GPU's); with no GPU visible (an
-    ahead-of-time build), the table of the arch. GEMMC_PRETUNED=0 turns the tables off."""
+    """The table for this GPU: by name (`gpu_name`, else GEMMC_GPU, else the visible GPU's); with no name
+    (an ahead-of-time build on a machine with no GPU), the table of the arch. GEMMC_GPU names the GPU an
+    ahead-of-time build is for, so `auto` picks there what it will pick on that GPU (the cache then hits).
+    GEMMC_PRETUNED=0 turns the tables off."""
     if os.environ.get("GEMMC_PRETUNED", "1") == "0":
         return None
     arch = as_arch(arch)
-    name = gpu_name or _visible_gpu()
+    name = gpu_name or os.environ.get("GEMMC_GPU") or _visible_gpu()
     for t in load_tables():
         if t.arch == arch and (name is None or name == t.gpu):
             return t

@@ -67,6 +67,10 @@ def test_tables_are_chosen_by_gpu_name_and_can_be_turned_off(monkeypatch):
     assert table_for("sm_80", H200) is None
     monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
     assert table_for("sm_90a") is not None                          # no GPU visible: an AOT build, by arch
+    monkeypatch.setenv("GEMMC_GPU", "NVIDIA H100 80GB HBM3")        # an AOT build for another GPU: its table
+    assert table_for("sm_90a") is None
+    monkeypatch.setenv("GEMMC_GPU", H200)
+    assert table_for("sm_90a") is not None and table_for("sm_90a").gpu == H200
     monkeypatch.setenv("GEMMC_PRETUNED", "0")
     assert table_for("sm_90a", H200) is None
 
