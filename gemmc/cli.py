@@ -161,6 +161,10 @@ class GemmcOptMain(xDSLOptMain):
             if d.name not in self.ctx.registered_dialect_names:
                 self.ctx.register_dialect(d.name, lambda d=d: d)
 
+    def register_all_arguments(self, arg_parser):
+        arg_parser.prog = "gemmc opt"          # not argv[0]: usage lines read as the command typed
+        super().register_all_arguments(arg_parser)
+
     def register_all_passes(self):
         from .passes import PASSES
         for name, cls in PASSES.items():

@@ -111,6 +111,14 @@ def test_opt_runs_named_passes(gemm_ir, capsys):
     assert rc == 0 and "kernel.pipeline stages" in again
 
 
+def test_opt_help_names_the_command(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["opt", "-h"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0
+    assert out.startswith("usage: gemmc opt ") and "gemmc opt: run gemmc passes over IR" in out
+
+
 def test_opt_reports_pass_errors(gemm_ir, tmp_path, capsys):
     rc, _, err = gemmc_cmd(capsys, "opt", str(gemm_ir), "-p", "pipeline-staging")
     assert rc == 1 and "run assign-warpgroup-roles first" in err
