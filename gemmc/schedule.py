@@ -74,8 +74,9 @@ class Schedule:
     # only; sm_80 has no griddepcontrol, so there the knob is ignored and kernels launch plain.
     pdl: bool = True
     # swap A and B (sm_90a): the kernel computes out^T = b @ a^T, so `tile` and `cluster` read (N, M, K)
-    # and (N, M). Decode and small-batch shapes (measured to pay up to M = 128) then fill the 64-row WGMMA with B's rows instead
-    # of padding A's few rows to 64; the output is stored from registers at its transposed coordinate.
+    # and (N, M). Decode and small-batch shapes (measured to pay up to M = 128) then fill the 64-row WGMMA
+    # with B's rows instead of padding A's few rows to 64; the output is stored from registers at its
+    # transposed coordinate.
     swap_ab: bool = False
 
     def __post_init__(self):

@@ -84,12 +84,13 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--arch", default="sm_90a")
     t.add_argument("--strategy", default="bayes", choices=STRATEGIES)
     t.add_argument("--budget", type=int, default=24,
-                   help="schedules measured per shape by the search (default 24; stored ones count: resume; with --fresh, only this gemmc version's)")
+                   help="schedules measured per shape by the search (default 24; stored ones count: resume; "
+                        "with --fresh, only this gemmc version's)")
     t.add_argument("--confirm", type=_count, default=3, metavar="N",
-                   help="(default 3) then re-measure the N best schedules of each shape once more, and again where the "
+                   help="then re-measure the N best schedules of each shape once more, and again where the "
                         "N best hold a schedule measured once or two measurements more than 2%% apart (at most "
                         "three per schedule; extra to --budget; a resumed run skips those stored); 0: no "
-                        "confirmation")
+                        "confirmation (default 3)")
     t.add_argument("--batch", type=int, default=4, help="schedules proposed and compiled together")
     t.add_argument("--workers", type=int, default=4, help="compile worker processes")
     t.add_argument("--compile-timeout", type=float, default=600.0)

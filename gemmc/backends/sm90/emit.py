@@ -204,7 +204,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         atom_layout=tuple(plan.mma.atom_layout), raster_m=plan.scheduler.raster == "m", raster=plan.scheduler.raster,
         swizzle=plan.scheduler.swizzle, split_k=sk, sk_mode=plan.scheduler.split_k_mode,
         max_clusters=_max_clusters(plan), smem_bytes=plan.pipeline.smem_bytes, pdl=plan.scheduler.pdl,
-        pdl_early=plan.scheduler.pdl_early_ctas, pdl_full=plan.scheduler.pdl_full_ctas, pdl_prefetch=plan.scheduler.pdl_prefetch_k_tiles,
+        pdl_early=plan.scheduler.pdl_early_ctas, pdl_full=plan.scheduler.pdl_full_ctas,
+        pdl_prefetch=plan.scheduler.pdl_prefetch_k_tiles,
         a_evict_first=ca.l2_evict_first, b_evict_first=cb.l2_evict_first)
 
     if swap:
@@ -632,7 +633,8 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
         c_params=("mC_mnl: cute.Tensor, out_mnl: cute.Tensor" if plan.swap_ab
                   else "tma_c: cute.CopyAtom, mC_mnl: cute.Tensor, out_mnl: cute.Tensor"),
         prefetch_c="" if plan.swap_ab else "        cpasync.prefetch_descriptor(tma_c)",
-        staged_init=_indent(staged_init.splitlines(), 4), split_decode_p=_indent(split_decode.splitlines(), 12), split_decode_f=_indent(split_decode.splitlines(), 16),
+        staged_init=_indent(staged_init.splitlines(), 4), split_decode_p=_indent(split_decode.splitlines(), 12),
+        split_decode_f=_indent(split_decode.splitlines(), 16),
         consumer=_consumer_source(plan, epi_math, split_decode, pingpong, staged_loop, bool(staged)))
     return src
 
