@@ -57,6 +57,9 @@ VARIANTS = {
     "coop_tn_c2x1": ({}, S((128, 256, 64), (2, 1))),
     "coop_tn_c1x2": ({}, S((128, 256, 64), (1, 2))),
     "coop_tn_c2x2_sw8n": ({}, S((128, 128, 64), (2, 2), raster="n", swizzle=8)),
+    # swizzle groups wider than what is left of the grid: the last group is narrower, not padded
+    "pp_tn_c2x1_sw4m_batched": (dict(batch="L"), S((128, 128, 64), (2, 1), mode="pingpong", swizzle=4)),
+    "splitk2_c1x2_sw8m": ({}, S((128, 128, 64), (1, 2), swizzle=8, split_k=2)),
     "coop_nn_256x128": (dict(a_layout="km", b_layout="kn"), S((256, 128, 64), (2, 1))),
     "coop_tt": (dict(b_layout="kn"), S((128, 128, 64))),
     "coop_nt": (dict(a_layout="km"), S((128, 128, 64), (1, 2))),

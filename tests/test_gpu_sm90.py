@@ -48,7 +48,7 @@ def test_variant_matches_fp32_reference(name):
 # families the hypothesis test draws from: layouts x modes x clusters x split-K
 DRAWN = ["coop_tn_c1x1", "coop_tn_c2x1", "coop_tn_c1x2", "coop_tn_c2x2_sw8n", "coop_nn_256x128", "coop_tt",
          "coop_nt", "pp_tn_c2x1", "pp_nn_64x256", "splitk2_tn", "splitk4_epi", "pp_tn_64x224_c1x2",
-         "coop_nn_128x160_c2x1", "splitk2_pp_64x160"]
+         "coop_nn_128x160_c2x1", "splitk2_pp_64x160", "pp_tn_c2x1_sw4m_batched", "splitk2_c1x2_sw8m"]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))

@@ -3,6 +3,7 @@ shapes, bad plans are refused, the shared epilogue math computes what the ops me
 sm_90a compiles produce PTX with exactly the Hopper instructions the plan asks for."""
 from __future__ import annotations
 
+import ast
 import math
 import re
 import types
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from gemmc.backends import emit as emit_any
-from gemmc.backends.common import epilogue_math_lines, splitk_reduce
+from gemmc.backends.common import epilogue_math_lines, grouped_raster_source, splitk_reduce
 from gemmc.backends.sm90 import emit
 from gemmc.compiler import lower
 from gemmc.errors import BuildError
@@ -94,6 +95,60 @@ def test_source_is_split_into_role_blocks():
     assert "mma_turn" not in coop and "const_expr(PINGPONG)" not in coop + src
     assert "epi_threads = 128 * NUM_CONSUMER_WG" in coop and "epi_threads = 128\n" in src
     compile(src, "<emitted>", "exec")   # valid Python
+
+
+def emitted_functions(source: str, names: tuple[str, ...], **constants) -> types.SimpleNamespace:
+    """Module-level functions of an emitted kernel, run as plain Python (cute.jit as the identity)."""
+    tree = ast.parse(source)
+    defs = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in names]
+    assert sorted(d.name for d in defs) == sorted(names)
+    scope = {"cute": types.SimpleNamespace(jit=lambda f: f), **constants}
+    exec(compile(ast.Module(body=defs, type_ignores=[]), "<emitted>", "exec"), scope)
+    return types.SimpleNamespace(**{n: scope[n] for n in names})
+
+
+@given(tiles_m=st.integers(1, 40), tiles_n=st.integers(1, 40), group=st.integers(1, 16), raster_m=st.booleans())
+def test_grouped_raster_visits_every_tile_once(tiles_m, tiles_n, group, raster_m):
+    """tile_coord: a bijection onto the grid; groups of `group` slow-dim lines walked down the fast dim,
+    the slow dim varying fastest inside a group; on whole groups it is the order of cutlass.utils'
+    swizzled scheduler (shape ((sw, S/sw)...) strides (1, sw*F)...), which pads the last group instead."""
+    src = "import cutlass\nimport cutlass.cute as cute\n" + grouped_raster_source("RASTER", "GROUP")
+    f = emitted_functions(src, ("tile_coord",), RASTER=raster_m, GROUP=group).tile_coord
+    order = [f(i, tiles_m, tiles_n) for i in range(tiles_m * tiles_n)]
+    assert sorted(order) == [(m, n) for m in range(tiles_m) for n in range(tiles_n)]
+    fast, slow = (tiles_m, tiles_n) if raster_m else (tiles_n, tiles_m)
+    for i, (m, n) in enumerate(order[:(slow // group) * group * fast]):     # the whole groups
+        f_i, s_i = (m, n) if raster_m else (n, m)
+        assert (s_i, f_i) == ((i // (group * fast)) * group + i % group, (i // group) % fast)
+    if group == 1:      # no swizzle: the raster dim is walked first
+        assert order[:fast] == ([(m, 0) for m in range(fast)] if raster_m else [(0, n) for n in range(fast)])
+
+
+@given(clusters_m=st.integers(1, 12), clusters_n=st.integers(1, 12), cluster=st.sampled_from([(1, 1), (2, 1), (1, 2),
+       (2, 2)]), swizzle=st.sampled_from([2, 4, 8]), raster=st.sampled_from("mn"))
+def test_swizzled_kernels_reorder_the_unswizzled_enumeration(clusters_m, clusters_n, cluster, swizzle, raster):
+    """swizzle > 1: the scheduler enumerates clusters M-major with no swizzle (so no padded work units),
+    and every work unit's tile goes through swizzled_tile, which keeps each CTA's place in its cluster
+    and visits each tile once, in tile_coord's order of clusters."""
+    src = emit(plan_of(GemmSpec(), cluster=cluster, raster=raster, swizzle=swizzle)).source
+    assert "(*CLUSTER_MN, 1), 1, True)" in src and "SWIZZLE, RASTER_ALONG_M)" not in src
+    # the L2 prefetch, the producer and the consumers decode their tiles the same way
+    assert src.count("tile_m, tile_n = swizzled_tile(tile_m, tile_n, clusters_m, clusters_n)") == 3
+    fns = emitted_functions(src, ("tile_coord", "swizzled_tile"), RASTER_ALONG_M=raster == "m",
+                            SWIZZLE=swizzle, CLUSTER_MN=cluster)
+    cm, cn = cluster
+    seen = []
+    for unit in range(clusters_m * clusters_n):    # cutlass.utils' M-major, unswizzled unit -> cluster
+        for i in range(cm):
+            for j in range(cn):
+                tm, tn = fns.swizzled_tile((unit % clusters_m) * cm + i, (unit // clusters_m) * cn + j,
+                                           clusters_m, clusters_n)
+                assert (tm % cm, tn % cn) == (i, j)
+                assert (tm // cm, tn // cn) == fns.tile_coord(unit, clusters_m, clusters_n)
+                seen.append((tm, tn))
+    assert sorted(seen) == [(m, n) for m in range(clusters_m * cm) for n in range(clusters_n * cn)]
+    plain = emit(plan_of(GemmSpec(), cluster=cluster, raster=raster)).source
+    assert "SWIZZLE, RASTER_ALONG_M)" in plain and "swizzled_tile" not in plain
 
 
 @given(spec=specs_with_inputs(), split_k=st.sampled_from([1, 2, 4]))
@@ -248,6 +303,8 @@ COMPILES = {
     "pingpong_64x224_1x2": (GemmSpec(), dict(tile=(64, 224, 64), cluster=(1, 2), mode="pingpong")),
     "coop_128x160_2x1_nn": (GemmSpec(a_layout="km", b_layout="kn"), dict(tile=(128, 160, 64), cluster=(2, 1))),
     "pingpong_64x96_splitk2": (GemmSpec(), dict(tile=(64, 96, 64), mode="pingpong", split_k=2)),
+    # swizzled order over an unswizzled enumeration (swizzled_tile)
+    "pingpong_1x2_sw4_splitk2": (GemmSpec(), dict(cluster=(1, 2), mode="pingpong", swizzle=4, split_k=2)),
 }
 
 

@@ -4,6 +4,8 @@
 - `input_view_lines` / `input_value_expr`: how epilogue inputs are viewed on the host and read per element.
 - `splitk_reduce`: the deterministic split-K reduction kernel that sums the f32 partials in split
   order, applies the epilogue and writes the output, with its host launch.
+- `grouped_raster_source`: `tile_coord`, the order in which work units visit output tiles (raster and
+  swizzle), with a narrower last group rather than padding.
 
 Everything here returns source text (lines without trailing newlines); the backends paste it into the
 module they emit. Conventions of the emitted code: `import cutlass`, `import cutlass.cute as cute`;
@@ -197,3 +199,27 @@ def _reduce_launch_lines(inputs: Sequence[EpilogueInput], ws: str, out: str, str
         f"{name}({args}).launch(grid=[reduce_m * reduce_nb, cute.size({out}, mode=[2]), 1], "
         f"block=[{REDUCE_THREADS}, 1, 1], stream={stream}{', use_pdl=True' if pdl else ''})",
     ]
+
+
+def grouped_raster_source(raster_m: str, group: str) -> str:
+    """`tile_coord(idx, tiles_m, tiles_n) -> (m, n)`: work unit `idx` of a tiles_m x tiles_n grid under the
+    grouped raster. `raster_m` and `group` name the emitted module's constants: the raster (True: M is
+    walked, groups are side-by-side N columns) and the group width. Within a group the slow dim varies
+    fastest; a last group narrower than `group` takes the remainder, so every index maps to a real
+    tile (cutlass.utils' swizzled scheduler instead pads the grid to whole groups and runs the padding)."""
+    return f'''
+@cute.jit
+def tile_coord(bidx, tiles_m, tiles_n):
+    """Grouped raster: {group} tiles of the slow dim side by side, the fast dim walked down them."""
+    fast_tiles, slow_tiles = (tiles_m, tiles_n) if {raster_m} else (tiles_n, tiles_m)
+    group_tiles = {group} * fast_tiles
+    group = bidx // group_tiles
+    first = group * {group}
+    width = slow_tiles - first
+    if width > {group}:
+        width = {group}
+    local = bidx - group * group_tiles
+    slow = first + local % width
+    fast = local // width
+    return (fast, slow) if {raster_m} else (slow, fast)
+'''

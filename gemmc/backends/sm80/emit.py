@@ -19,7 +19,7 @@ from ...errors import BuildError
 from ...ir.plan import KernelPlan
 from ...types import DType
 from .. import EmittedKernel, Param
-from ..common import (dsl_type, epilogue_math_lines, input_kernel_args, input_kernel_params,
+from ..common import (dsl_type, grouped_raster_source, epilogue_math_lines, input_kernel_args, input_kernel_params,
                       input_value_expr, input_view_lines, splitk_reduce)
 
 ENTRY = "gemm_sm80"
@@ -230,21 +230,6 @@ def mkl_view(t, k_major_storage, batched):
     kt = cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 0]))
     return cute.make_tensor(kt.iterator, cute.append(kt.layout, cute.make_layout(1, stride=0)))
 
-
-@cute.jit
-def tile_coord(bidx, tiles_m, tiles_n):
-    """Grouped raster: GROUP tiles of the slow dim side by side, the fast dim walked down them."""
-    fast_tiles, slow_tiles = (tiles_m, tiles_n) if RASTER_M else (tiles_n, tiles_m)
-    group_tiles = GROUP * fast_tiles
-    group = bidx // group_tiles
-    first = group * GROUP
-    width = slow_tiles - first
-    if width > GROUP:
-        width = GROUP
-    local = bidx - group * group_tiles
-    slow = first + local % width
-    fast = local // width
-    return (fast, slow) if RASTER_M else (slow, fast)
 '''
 
 
@@ -430,7 +415,7 @@ def _source(plan: KernelPlan, params: tuple[Param, ...]) -> str:
     kparams += statics
     kargs += [s.split(":")[0] for s in statics]
 
-    out = [_header(plan), _HELPERS]
+    out = [_header(plan), _HELPERS + grouped_raster_source("RASTER_M", "GROUP")]
     if split:
         # sm_80 has no PDL: the reduce kernel launches plain, after the main kernel on the stream
         reduce = splitk_reduce(ep.ops, inputs, plan.scheduler.split_k, p.out_dtype, "mW", "mC")

@@ -31,7 +31,7 @@ from ...errors import BuildError
 from ...ir.plan import KernelPlan
 from ...types import DType
 from .. import EmittedKernel, Param
-from ..common import (dsl_type, epilogue_math_lines, input_kernel_args, input_kernel_params,
+from ..common import (dsl_type, grouped_raster_source, epilogue_math_lines, input_kernel_args, input_kernel_params,
                       input_value_expr, input_view_lines, splitk_reduce)
 
 _SWIZZLE_KIND = {128: "SW128", 64: "SW64", 32: "SW32", 0: "INTER"}
@@ -231,6 +231,17 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                 return k_tile_total
         ''')
 
+    if plan.scheduler.swizzle > 1:
+        facts += "\n\n" + grouped_raster_source("RASTER_ALONG_M", "SWIZZLE") + "\n\n" + _block('''
+            @cute.jit
+            def swizzled_tile(tile_m, tile_n, clusters_m, clusters_n):
+                """A work unit's tile under the plan's raster and swizzle, over whole clusters. The scheduler
+                enumerates clusters M-major with no swizzle; tile_coord reorders them without padding."""
+                cl_m, cl_n = tile_coord(tile_m // CLUSTER_MN[0] + clusters_m * (tile_n // CLUSTER_MN[1]),
+                                        clusters_m, clusters_n)
+                return cl_m * CLUSTER_MN[0] + tile_m % CLUSTER_MN[0], cl_n * CLUSTER_MN[1] + tile_n % CLUSTER_MN[1]
+        ''')
+
     header = _block('''
         """gemmc SM90 kernel `$name` (generated from its KernelPlan; regenerate rather than edit).
 
@@ -328,10 +339,10 @@ def emit(plan: KernelPlan) -> EmittedKernel:
 
         $staged_host
 
-            # tile scheduler: (M tiles, N tiles, SPLIT_K * L) work units, raster order + swizzle from the plan
+            # tile scheduler: (M tiles, N tiles, SPLIT_K * L) work units, $sched_order
             tiles_mnl = cute.zipped_divide(out_mnl, tiler=(TILE_MNK[0], TILE_MNK[1]))[(0, (None, None, None))].shape
             sched_params = utils.PersistentTileSchedulerParams(
-                (tiles_mnl[0], tiles_mnl[1], tiles_mnl[2] * SPLIT_K), (*CLUSTER_MN, 1), SWIZZLE, RASTER_ALONG_M)
+                (tiles_mnl[0], tiles_mnl[1], tiles_mnl[2] * SPLIT_K), (*CLUSTER_MN, 1), $sched_args)
             grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, MAX_ACTIVE_CLUSTERS)
 
             @cute.struct
@@ -357,7 +368,10 @@ def emit(plan: KernelPlan) -> EmittedKernel:
             "EPI_TILE)"], 4),
         kernel_in_args="".join(", " + x for x in kernel_in_args),
         staged_storage=_indent(staged_storage + (["epi_load_barriers: cute.struct.MemRange[cutlass.Int64, 2]"] if staged else []), 8),
-        staged_host=_indent(staged_host, 4), reduce_lines=_indent(reduce_lines, 4))
+        staged_host=_indent(staged_host, 4), reduce_lines=_indent(reduce_lines, 4),
+        sched_order=("raster order + swizzle from the plan" if plan.scheduler.swizzle == 1 else
+                     "enumerated M-major and unswizzled: swizzled_tile applies the plan's order"),
+        sched_args="SWIZZLE, RASTER_ALONG_M" if plan.scheduler.swizzle == 1 else "1, True")
 
     kernel = _kernel_source(plan, main_ops, main_inputs, pingpong, sk)
     parts = [header, facts, host, kernel]
@@ -452,8 +466,11 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
             f"g_{i.name} = cute.local_tile(tma_{i.name}_mnl, (TILE_MNK[0], TILE_MNK[1]), (None, None, None))"
             for i in staged)
 
+    # the plan's raster and swizzle, applied to the scheduler's unswizzled order (no padded work units)
+    swizzle_decode = "tile_m, tile_n = swizzled_tile(tile_m, tile_n, clusters_m, clusters_n)\n" \
+        if plan.scheduler.swizzle > 1 else ""
     if sk > 1:
-        split_decode = _block('''
+        split_decode = swizzle_decode + _block('''
             # split-K: work unit L coordinate = split * L + batch; each split owns a contiguous k-tile range
             tile_l = tile_l_raw % num_l
             k_begin = (tile_l_raw // num_l) * k_per_split
@@ -461,7 +478,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
             store_l = tile_l_raw
         ''')
     else:
-        split_decode = _block('''
+        split_decode = swizzle_decode + _block('''
             tile_l = tile_l_raw
             k_begin = 0
             k_count = k_tile_total
@@ -526,7 +543,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
             num_n = cute.size(out_mnl, mode=[1])
             num_l = cute.size(out_mnl, mode=[2])
             k_tile_total = cute.size(gA, mode=[3])
-            k_per_split = (k_tile_total + SPLIT_K - 1) // SPLIT_K
+            k_per_split = (k_tile_total + SPLIT_K - 1) // SPLIT_K$cluster_counts
 
             # TMA partitions; a multicast load writes this CTA's slice into every CTA of the group
             tAsA, tAgA = cpasync.tma_partition(
@@ -635,6 +652,11 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
         prefetch_c="" if plan.swap_ab else "        cpasync.prefetch_descriptor(tma_c)",
         staged_init=_indent(staged_init.splitlines(), 4), split_decode_p=_indent(split_decode.splitlines(), 12),
         split_decode_f=_indent(split_decode.splitlines(), 16),
+        cluster_counts="\n" + _indent(_block('''
+            # swizzled_tile's grid of whole clusters
+            clusters_m = (num_m + TILE_MNK[0] * CLUSTER_MN[0] - 1) // (TILE_MNK[0] * CLUSTER_MN[0])
+            clusters_n = (num_n + TILE_MNK[1] * CLUSTER_MN[1] - 1) // (TILE_MNK[1] * CLUSTER_MN[1])
+        ''').splitlines(), 4) if plan.scheduler.swizzle > 1 else "",
         consumer=_consumer_source(plan, epi_math, split_decode, pingpong, staged_loop, bool(staged)))
     return src
 
