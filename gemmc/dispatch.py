@@ -5,7 +5,8 @@ Order: 1. the tuning DB's best for this exact problem; 2. the table shipped for 
 within 2x) or else the trained policy, or else a farther neighbour; 4. the shipped table's neighbour
 (same N, K, M within 2x); 5. the analytic heuristic. A plain GEMM goes to torch.matmul when cuBLAS was
 measured faster on this exact problem (the DB's or the table's), or on the table's neighbour, or (at the
-heuristic step) at most of the 3 nearest shapes the table measured; a fused epilogue never does (cuBLAS
+heuristic step) at any of the 5 nearest shapes the table measured (its checks of the heuristic's own
+picks where any lies near, else its tuned entries); a fused epilogue never does (cuBLAS
 would need extra passes to match it). "Measured faster" is the paired verdict: cuBLAS and gemmc timed in
 the same runs (gemmc.search.db), for the DB the geometric mean over the best schedule's rows; torch.matmul
 runs exactly when that speed-up is below 1. `resolve_auto` reads the DB and never writes it: it is a function
@@ -138,13 +139,15 @@ def _db_decision(e, plain: bool) -> Decision:
 
 def _heuristic_decision(conc: Optional[GemmSpec], spec: GemmSpec, arch: str, table) -> Decision:
     """The heuristic's schedule; for a plain GEMM on a GPU with a shipped table, torch.matmul when cuBLAS
-    won at most of the nearest measured shapes (gemmc.pretuned.PretunedTable.predicted_cublas_faster)."""
+    won at any of the nearest measured shapes (gemmc.pretuned.PretunedTable.predicted_cublas_faster)."""
     schedule = heuristic_schedule(conc or spec, arch)
     if table is None or conc.has_epilogue or not table.predicted_cublas_faster(conc):
         return Decision(schedule, "heuristic")
     from .pretuned import VERDICT_NEIGHBOURS
+    what = {"checks": "the heuristic's picks", "entries": "tuned schedules"}[table.verdict_source(conc)]
     return Decision(schedule, "heuristic", use_cublas=True,
-                    detail=f"cuBLAS won at most of the {VERDICT_NEIGHBOURS} nearest shapes measured on {table.gpu}")
+                    detail=f"cuBLAS won at one or more of the {VERDICT_NEIGHBOURS} nearest shapes measured on {table.gpu} "
+                           f"({what})")
 
 
 def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, db=None,

@@ -41,14 +41,17 @@ per input element, split-K factor S, batch L, P the SM count (`num_sms`, default
    kernel that reads the partials and runs the epilogue: T_FIX + L*M*N*(4*S + out + full inputs)/B_DRAM.
    score = 2*L*M*N*K / time.
 
-7. Decode on sm_90a (M <= 16, N and K >= 4096): a swapped schedule (swap_ab) is modeled as its kernel's
+7. Decode on sm_90a (M <= 16, N and K >= 3072): a swapped schedule (swap_ab) is modeled as its kernel's
    own problem, M and N exchanged, which ranks the measured decode winners near the top (the search's
    prior) but not reliably first, so a measured rule comes first: `DECODE_SWAP` (64x16x128 ping-pong,
    10 stages, swap_ab) beat cuBLAS by 1.045x (geometric mean, minimum 0.994x) over the 16 Llama-3 decode
    shapes on the H200, where the model's own unswapped picks (split-K) measured about 0.98x. For M <= 8,
    `DECODE_SWAP_NARROW` (the same with an 8-wide activation tile): over the 6 Llama-3 shapes at M = 1 that
    the session-10 tune measured both on (gemmc 0.3.0, paired against cuBLAS), 1.127x against 1.105x,
-   never slower (bench/results/2026-12-01-h200-llm-tuning-db-session10.json).
+   never slower (bench/results/2026-12-01-h200-llm-tuning-db-session10.json). The bound on N and K was
+   4096 until four shapes outside the suite measured the narrow rule against the model's pick (H200,
+   session 11, bench/results/2026-12-01-h200-session11.json): 1x18944x3584 1.114x against 0.914x,
+   8x18944x3584 1.133 against 0.958, 1x9216x3072 1.193 against 0.970, 8x9216x3072 1.222 against 1.051.
 8. Small batches on sm_90a (8 < M <= 128, 4096 <= N <= 8192, K >= 4096), before step 7: a swapped
    kernel whose 1x2 cluster multicasts each weight tile to two activation tiles (`ScheduleSpace.swapped_batch`,
    and the pairs of `swapped_decode`). Of the measured `BATCH_SWAPS` for M's activation tile width, the
@@ -79,7 +82,7 @@ DEFAULT_DIM = 4096
 # step 7 of the docstring (bench/results/2026-11-30-h200-decode-session5.json, "swap_ab_scan")
 DECODE_SWAP = Schedule(tile=(64, 16, 128), mode="pingpong", stages=10, swap_ab=True)
 DECODE_SWAP_NARROW = Schedule(tile=(64, 8, 128), mode="pingpong", stages=10, swap_ab=True)   # M <= 8
-DECODE_MAX_M, DECODE_NARROW_MAX_M, DECODE_MIN_NK = 16, 8, 4096
+DECODE_MAX_M, DECODE_NARROW_MAX_M, DECODE_MIN_NK = 16, 8, 3072
 # step 8: per activation tile width bound (M <= 16: 8-wide tiles in pairs, M <= 32: 16-wide, M <= 64:
 # 32-wide in pairs or one 64-wide, else 64-wide in pairs), in tie order
 BATCH_SWAPS = {
@@ -93,7 +96,7 @@ BATCH_SWAPS = {
     128: (Schedule(tile=(64, 64, 128), cluster=(1, 2), mode="pingpong", swap_ab=True),
           Schedule(tile=(128, 64, 64), cluster=(1, 2), mode="pingpong", stages=9, swap_ab=True)),
 }
-BATCH_MIN_M, BATCH_MAX_M, BATCH_MAX_N = 8, 128, 8192
+BATCH_MIN_M, BATCH_MAX_M, BATCH_MIN_NK, BATCH_MAX_N = 8, 128, 4096, 8192
 
 
 @dataclass(frozen=True)
@@ -312,7 +315,7 @@ def batch_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = N
     if as_arch(arch) != "sm_90a":
         return None
     _, m, n, k = problem_dims(spec, m_hint, n_hint, k_hint)
-    if not (BATCH_MIN_M < m <= BATCH_MAX_M and DECODE_MIN_NK <= n <= BATCH_MAX_N and k >= DECODE_MIN_NK):
+    if not (BATCH_MIN_M < m <= BATCH_MAX_M and BATCH_MIN_NK <= n <= BATCH_MAX_N and k >= BATCH_MIN_NK):
         return None
     sms = num_sms or ARCH_LIMITS["sm_90a"].num_sms
     best, best_ctas = None, 0

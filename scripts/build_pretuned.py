@@ -1,8 +1,10 @@
 """Build gemmc's shipped schedule table for one GPU from recorded sweeps (see gemmc/pretuned.py), and
-optionally from tuning-DB exports of the same GPU, whose paired verdict wins where they have the shape.
+optionally from tuning-DB exports of the same GPU, whose paired verdict wins where they have the shape,
+and from `gemmc bench --policy heuristic` reports (the table's checks: the heuristic's picks, measured).
 
     python3 scripts/build_pretuned.py bench/data/2026-11-30-h200-sweep*.jsonl.gz \
         --tuned bench/results/2026-12-01-h200-llm-tuning-db-session10.json \
+        --checks bench/results/2026-12-01-h200-heuristic-checks-session11*.json \
         --gpu "NVIDIA H200" --out gemmc/pretuned_data/h200.json
 """
 from __future__ import annotations
@@ -13,7 +15,8 @@ import sys
 from pathlib import Path
 
 from gemmc.bench.dataset import load_dataset
-from gemmc.pretuned import PretunedEntry, build_table, with_entries
+from gemmc.pretuned import PretunedEntry, build_table, with_checks, with_entries
+from gemmc.schedule import Schedule
 
 
 def main(argv=None) -> int:
@@ -25,6 +28,9 @@ def main(argv=None) -> int:
     p.add_argument("--tuned", nargs="*", default=[],
                    help="`gemmc-search export` files: each plain bf16 A [M, K] @ B [N, K].T problem's best on --gpu "
                         "(paired verdict, with a cuBLAS time) replaces the sweep's entry")
+    p.add_argument("--checks", nargs="*", default=[],
+                   help="`gemmc bench --policy heuristic` reports (JSON) on --gpu: each shape outside the table "
+                        "becomes a check, which gives the cuBLAS verdict to unmeasured shapes near it")
     args = p.parse_args(argv)
     records = []
     for path in args.data:
@@ -45,14 +51,39 @@ def main(argv=None) -> int:
         entries = tuned_entries(args.tuned, args.gpu, args.arch)
         table = with_entries(table, entries, ", ".join(sorted(Path(x).name for x in args.tuned)))
         print(f"{len(entries)} shapes from the tuning DB export(s)")
+    if args.checks:
+        try:
+            checks = heuristic_checks(args.checks, args.gpu, args.arch)
+        except ValueError as e:
+            p.error(str(e))
+        table = with_checks(table, checks, ", ".join(sorted(Path(x).name for x in args.checks)))
+        print(f"{len(table.checks)} checks of the heuristic's picks")
     obj = table.to_json()
-    entries = obj.pop("entries")
-    head = json.dumps(obj, indent=1)[:-2]       # one entry per line: a readable, diffable file
-    body = ",\n".join("  " + json.dumps(e, separators=(",", ":")) for e in entries)
-    Path(args.out).write_text(f'{head},\n "entries": [\n{body}\n ]\n}}\n')
+    lists = {key: obj.pop(key) for key in ("entries", "checks") if key in obj}
+    head = json.dumps(obj, indent=1)[:-2]       # one row per line: a readable, diffable file
+    body = ",\n".join(f' "{key}": [\n' + ",\n".join("  " + json.dumps(e, separators=(",", ":")) for e in rows)
+                      + "\n ]" for key, rows in lists.items())
+    Path(args.out).write_text(f'{head},\n{body}\n}}\n')
     faster = sum(not e.cublas_faster for e in table.entries.values())
     print(f"{args.out}: {len(table.entries)} shapes; gemmc measured faster than cuBLAS on {faster}")
     return 0
+
+
+def heuristic_checks(paths, gpu: str, arch: str) -> list:
+    """The heuristic's measured picks out of bench reports: ValueError unless each report ran
+    `--policy heuristic` on `gpu` and `arch` with bf16 inputs (the table's problem class)."""
+    out = []
+    for path in paths:
+        report = json.loads(Path(path).read_text())
+        name = report.get("environment", {}).get("gpu", {}).get("name")
+        if (report.get("policy"), name, report.get("arch"), report.get("dtype")) != ("heuristic", gpu, arch, "bf16"):
+            raise ValueError(f"{path}: policy {report.get('policy')!r} on {name!r} ({report.get('arch')}, "
+                             f"{report.get('dtype')}); checks come from `gemmc bench --policy heuristic` "
+                             f"on {gpu!r} ({arch}, bf16)")
+        out += [PretunedEntry(r["m"], r["n"], r["k"], Schedule.from_dict(r["schedule_dict"]),
+                              float(r["gemmc_us"]["median"]), float(r["cublas_us"]["median"]))
+                for r in report["results"] if r.get("status") == "ok"]
+    return out
 
 
 def tuned_entries(paths, gpu: str, arch: str) -> list:

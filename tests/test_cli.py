@@ -156,8 +156,9 @@ def test_compile_auto_says_which_step_chose_and_when_cublas_runs(capsys, shipped
     assert out.splitlines()[1].startswith("// auto: from pretuned (")
     assert out.splitlines()[1].endswith("; calls run torch.matmul")
     rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "4096", "--n", "4096", "--k", "4104")    # not in the table
-    assert rc == 0 and out.splitlines()[1] == ("// auto: from heuristic (cuBLAS won at most of the 3 nearest shapes "
-                                               "measured on NVIDIA H200); calls run torch.matmul")
+    assert rc == 0 and out.splitlines()[1] == ("// auto: from heuristic (cuBLAS won at one or more of the 5 nearest "
+                                               "shapes measured on NVIDIA H200 (the heuristic's picks)); calls run "
+                                               "torch.matmul")
     rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "4096", "--n", "4096", "--k", "4104", "--out-dtype", "f32")
     assert rc == 0 and out.splitlines()[1] == "// auto: from heuristic"          # another class: no verdict
 

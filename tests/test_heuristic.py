@@ -55,7 +55,9 @@ def test_decode_with_few_tiles_and_long_k_ranks_split_k_first(m, n, k):
 
 @pytest.mark.parametrize("m, n, k, rule", [(1, 4096, 14336, "narrow"), (8, 57344, 8192, "narrow"),
                                            (9, 57344, 8192, "wide"), (16, 57344, 8192, "wide"),
-                                           (17, 4096, 4096, None), (16, 2048, 4096, None), (16, 4096, 1024, None)])
+                                           (17, 4096, 4096, None), (16, 2048, 4096, None), (16, 4096, 1024, None),
+                                           (1, 18944, 3584, "narrow"), (8, 9216, 3072, "narrow"),
+                                           (16, 3072, 24576, "wide"), (4, 3072, 2048, None)])
 def test_decode_takes_the_measured_swap_rule(m, n, k, rule):
     from gemmc.heuristic import DECODE_SWAP, DECODE_SWAP_NARROW
     s = choose_schedule(spec(m, n, k), "sm_90a")
