@@ -141,10 +141,11 @@ def _heuristic_decision(conc: Optional[GemmSpec], spec: GemmSpec, arch: str, tab
     """The heuristic's schedule; for a plain GEMM on a GPU with a shipped table, torch.matmul when cuBLAS
     won at any of the nearest measured shapes (gemmc.pretuned.PretunedTable.predicted_cublas_faster)."""
     schedule = heuristic_schedule(conc or spec, arch)
-    if table is None or conc.has_epilogue or not table.predicted_cublas_faster(conc):
+    cublas_faster, read = (None, None) if table is None or conc.has_epilogue else table.cublas_verdict(conc)
+    if not cublas_faster:
         return Decision(schedule, "heuristic")
     from .pretuned import VERDICT_NEIGHBOURS
-    what = {"checks": "the heuristic's picks", "entries": "tuned schedules"}[table.verdict_source(conc)]
+    what = {"checks": "the heuristic's picks", "entries": "tuned schedules"}[read]
     return Decision(schedule, "heuristic", use_cublas=True,
                     detail=f"cuBLAS won at one or more of the {VERDICT_NEIGHBOURS} nearest shapes measured on {table.gpu} "
                            f"({what})")

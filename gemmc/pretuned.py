@@ -91,22 +91,19 @@ class PretunedTable:
         (tests/test_pretuned.py), over the 234 checks: the heuristic alone 0.981x cuBLAS (95 shapes below
         0.98x), with this verdict 1.018x (4 below 0.98x). A fresh set of 64 shapes measured on the H200 with
         170 checks: 0.971x -> 1.014x, minimum 0.692x -> 0.994x."""
+        return self.cublas_verdict(spec, k, max_log2)[0]
+
+    def cublas_verdict(self, spec: GemmSpec, k: int = VERDICT_NEIGHBOURS,
+                       max_log2: float = VERDICT_MAX_LOG2) -> tuple[Optional[bool], Optional[str]]:
+        """`predicted_cublas_faster` with the measurements it read: "checks" or "entries" (None, None
+        when the class is not covered or nothing is near)."""
         if not self.covers(spec):
-            return None
-        for pool in (self.checks, self.entries):
+            return None, None
+        for name, pool in (("checks", self.checks), ("entries", self.entries)):
             votes = _votes(pool, spec, k, max_log2)
             if votes:
-                return any(votes)
-        return None
-
-    def verdict_source(self, spec: GemmSpec, max_log2: float = VERDICT_MAX_LOG2) -> Optional[str]:
-        """Which measurements `predicted_cublas_faster` reads for `spec`: "checks", "entries" or None."""
-        if not self.covers(spec):
-            return None
-        for name, pool in (("checks", self.checks), ("entries", self.entries)):
-            if _votes(pool, spec, 1, max_log2):
-                return name
-        return None
+                return any(votes), name
+        return None, None
 
     def to_json(self) -> dict:
         def rows(d):

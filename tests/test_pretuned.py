@@ -197,7 +197,7 @@ def test_the_checks_verdict_pays_off_left_one_out():
     plain, with_verdict = [], []
     for key, c in t.checks.items():
         others = dc_replace(t, checks={k: v for k, v in t.checks.items() if k != key})
-        assert others.verdict_source(gemmc.GemmSpec(*key)) == "checks"
+        assert others.cublas_verdict(gemmc.GemmSpec(*key))[1] == "checks"
         ratio = c.cublas_us / c.time_us
         plain.append(ratio)
         with_verdict.append(1.0 if others.predicted_cublas_faster(gemmc.GemmSpec(*key)) else ratio)
@@ -217,9 +217,9 @@ def test_an_unmeasured_plain_gemm_takes_the_neighbours_verdict(tmp_path):
     epi = gemmc.GemmSpec(4096, 4096, 4104, inputs=(EpilogueInput("bias", "row"),),
                          epilogue=(EpilogueOp("add", (Ref.acc(), Ref.input("bias"))),))
     assert not resolve_auto(epi, "sm_90a", db=empty, gpu_name=H200).use_cublas
-    assert h200().verdict_source(spec) == "checks"         # the heuristic's picks were measured near it
+    assert h200().cublas_verdict(spec) == (True, "checks")  # the heuristic's picks were measured near it
     small = gemmc.GemmSpec(300, 300, 300)                   # no check within 8x: the tuned entries vote
-    assert h200().verdict_source(small) == "entries" and h200().predicted_cublas_faster(small) is not None
+    assert h200().cublas_verdict(small)[1] == "entries" and h200().predicted_cublas_faster(small) is not None
     far = gemmc.GemmSpec(8, 200000, 100000)                 # nothing measured within 8x: no verdict
     assert h200().predicted_cublas_faster(far) is None
     assert not resolve_auto(far, "sm_90a", db=empty, gpu_name=H200).use_cublas
