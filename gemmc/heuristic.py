@@ -61,6 +61,18 @@ per input element, split-K factor S, batch L, P the SM count (`num_sms`, default
    0.986x -> 1.046x cuBLAS (geomean), over 10 other shapes 0.932x -> 0.977x, worst single loss 1.4%; at
    M = 16/32 ("pair_n8_scan") the picked pair beats the best unpaired kernel on 8 of the 9 shapes, by up to 6%;
    on 10 shapes outside the suite with M = 10-32 ("heuristic_pair_ab") 0.980x -> 1.093x, none slower.
+9. Wide small batches on sm_90a (16 < M <= 32, N > 8192, K >= 3072), past step 8's N: `WIDE_BATCH_SWAP`, the
+   swapped kernel with one 32-wide activation tile per 64-row weight tile, unpaired. The model picks
+   unswapped 64xBN tiles there, whose MMA runs 64 rows for 17-32 real ones. H200, each paired against cuBLAS
+   in one process (bench/results/2026-12-01-h200-session12.json): over the 9 shapes of other models it was
+   chosen on (M = 24/32, "wide_batch_scan") the model's pick 1.002x -> 1.074x; validated on 19 fresh shapes
+   (M = 17/20/28, N = 9216-36864, "wide_batch_validation") 0.962x -> 1.039x, worst 0.878x -> 0.981x (the
+   64-row kernel on every shape; step 10 now takes the three with N = 9216).
+10. A short second wave, steps 7 and 9: when the 64-row weight tiles make more CTAs than SMs by at most a
+   quarter of them (on 132 SMs, 8448 < N <= 10560), the last few CTAs stream alone and the 128-row variant
+   (`TALL_SWAPS`: one wave) is faster. H200 ("short_tail_scan"): 33 shapes with N = 8960-10496, M = 1-32,
+   1.149x -> 1.240x cuBLAS, faster on every one; past the bound (N = 11008-16384, 25 shapes) the 64-row
+   tiles read 1.095x against 1.059x.
 
 Symbolic dims take `m_hint` (else 4096), `n_hint`/`k_hint` (else 4096), batch 1. The constants are
 H100/H200-class (989 TFLOP/s bf16 dense, 4.8 TB/s HBM3e, 50 MB L2) and A100 for sm_80; they set
@@ -97,6 +109,14 @@ BATCH_SWAPS = {
           Schedule(tile=(128, 64, 64), cluster=(1, 2), mode="pingpong", stages=9, swap_ab=True)),
 }
 BATCH_MIN_M, BATCH_MAX_M, BATCH_MIN_NK, BATCH_MAX_N = 8, 128, 4096, 8192
+# step 9
+WIDE_BATCH_SWAP = Schedule(tile=(64, 32, 128), mode="pingpong", stages=9, swap_ab=True)
+WIDE_BATCH_MIN_M, WIDE_BATCH_MAX_M, WIDE_BATCH_MIN_K = 16, 32, 3072
+# steps 7 and 9 on a short second wave: the 128-row weight tile of each 64-row rule
+TALL_SWAPS = {DECODE_SWAP_NARROW: Schedule(tile=(128, 16, 64), mode="cooperative", swap_ab=True),
+              DECODE_SWAP: Schedule(tile=(128, 16, 64), mode="cooperative", swap_ab=True),
+              WIDE_BATCH_SWAP: Schedule(tile=(128, 32, 128), mode="cooperative", swap_ab=True)}
+SHORT_TAIL_FRACTION = 4      # a second wave of at most 1/4 of the SMs' CTAs is short
 
 
 @dataclass(frozen=True)
@@ -296,16 +316,24 @@ def rank_schedules(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = N
     return scored
 
 
+def _weight_tile_rows(pick: Schedule, n: int, num_sms: int | None) -> Schedule:
+    """`pick`, or its 128-row variant (`TALL_SWAPS`) when `pick`'s 64-row weight tiles spill a short second
+    wave: more CTAs than SMs by at most 1/SHORT_TAIL_FRACTION of them (docstring, step 10)."""
+    sms = num_sms or ARCH_LIMITS["sm_90a"].num_sms
+    ctas = math.ceil(n / pick.tile[0])
+    return TALL_SWAPS[pick] if sms < ctas <= sms + sms // SHORT_TAIL_FRACTION else pick
+
+
 def decode_schedule(spec: GemmSpec, arch: str = "sm_90a", m_hint: int | None = None, n_hint: int | None = None,
-                    k_hint: int | None = None) -> Schedule | None:
-    """Step 7's pick (`DECODE_SWAP_NARROW` up to M = 8, else `DECODE_SWAP`) where it applies and the
-    predicate accepts it, else None."""
+                    k_hint: int | None = None, num_sms: int | None = None) -> Schedule | None:
+    """Step 7's pick (`DECODE_SWAP_NARROW` up to M = 8, else `DECODE_SWAP`; step 10 may take its 128-row
+    variant) where it applies and the predicate accepts it, else None."""
     if as_arch(arch) != "sm_90a":
         return None
     _, m, n, k = problem_dims(spec, m_hint, n_hint, k_hint)
     if m > DECODE_MAX_M or min(n, k) < DECODE_MIN_NK:
         return None
-    pick = DECODE_SWAP_NARROW if m <= DECODE_NARROW_MAX_M else DECODE_SWAP
+    pick = _weight_tile_rows(DECODE_SWAP_NARROW if m <= DECODE_NARROW_MAX_M else DECODE_SWAP, n, num_sms)
     return pick if not check_schedule(pick, spec) else None
 
 
@@ -327,14 +355,29 @@ def batch_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = N
     return best
 
 
+def wide_batch_schedule(spec: GemmSpec, arch: str = "sm_90a", m_hint: int | None = None,
+                        n_hint: int | None = None, k_hint: int | None = None,
+                        num_sms: int | None = None) -> Schedule | None:
+    """Step 9's pick (`WIDE_BATCH_SWAP`, or its step-10 variant) where it applies and the predicate accepts
+    it, else None."""
+    if as_arch(arch) != "sm_90a":
+        return None
+    _, m, n, k = problem_dims(spec, m_hint, n_hint, k_hint)
+    if not (WIDE_BATCH_MIN_M < m <= WIDE_BATCH_MAX_M and n > BATCH_MAX_N and k >= WIDE_BATCH_MIN_K):
+        return None
+    pick = _weight_tile_rows(WIDE_BATCH_SWAP, n, num_sms)
+    return pick if not check_schedule(pick, spec) else None
+
+
 def choose_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = None, m_hint: int | None = None,
                     n_hint: int | None = None, k_hint: int | None = None,
                     space: ScheduleSpace | None = None) -> Schedule:
     """The best-scoring valid schedule; ScheduleError (with the default schedule's violations) if none is.
-    Decode and small-batch shapes on sm_90a take the measured swap_ab rules first (docstring, steps 8, 7)."""
+    Decode and small-batch shapes on sm_90a take the measured swap_ab rules first (docstring, steps 8, 7, 9, 10)."""
     if space is None:           # the rules are for the standard space; a caller's own space is searched as given
         rule = (batch_schedule(spec, arch, num_sms=num_sms, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint)
-                or decode_schedule(spec, arch, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint))
+                or decode_schedule(spec, arch, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint, num_sms=num_sms)
+                or wide_batch_schedule(spec, arch, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint, num_sms=num_sms))
         if rule is not None:
             return rule
     ranked = rank_schedules(spec, arch, num_sms=num_sms, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint,

@@ -751,6 +751,9 @@ def test_describe_schedule_says_when_auto_dispatches_to_cublas():
     assert describe_schedule(tuned) == (s.short(), s.to_dict())
     text, d = describe_schedule(fallback)
     assert text == f"cuBLAS (tuned {s.short()})" and d["dispatch"] == "cublas" and d["split_k"] == 2
+    # an untuned shape whose measured neighbours lost to cuBLAS sets aside the heuristic's pick, not a tuned one
+    verdict = SimpleNamespace(schedule=s, decision=Decision(s, "heuristic", use_cublas=True))
+    assert describe_schedule(verdict)[0] == f"cuBLAS (heuristic {s.short()})"
 
 
 def test_aa_check_times_cublas_against_itself_and_reports_the_noise_floor():

@@ -56,7 +56,7 @@ def test_decode_with_few_tiles_and_long_k_ranks_split_k_first(m, n, k):
 @pytest.mark.parametrize("m, n, k, rule", [(1, 4096, 14336, "narrow"), (8, 57344, 8192, "narrow"),
                                            (9, 57344, 8192, "wide"), (16, 57344, 8192, "wide"),
                                            (17, 4096, 4096, None), (16, 2048, 4096, None), (16, 4096, 1024, None),
-                                           (1, 18944, 3584, "narrow"), (8, 9216, 3072, "narrow"),
+                                           (1, 18944, 3584, "narrow"), (8, 11008, 4096, "narrow"),
                                            (16, 3072, 24576, "wide"), (4, 3072, 2048, None)])
 def test_decode_takes_the_measured_swap_rule(m, n, k, rule):
     from gemmc.heuristic import DECODE_SWAP, DECODE_SWAP_NARROW
@@ -68,6 +68,39 @@ def test_decode_takes_the_measured_swap_rule(m, n, k, rule):
     assert choose_schedule(spec(m, n, k), "sm_80").arch == "sm_80"          # SM90 only
     assert choose_schedule(spec("M", n, k), m_hint=m) == s                  # a hinted symbolic M: the same
     assert choose_schedule(spec("M", n, k)) not in (DECODE_SWAP, DECODE_SWAP_NARROW)   # no hint: M reads 4096
+
+
+@pytest.mark.parametrize("m, n, k", [(17, 14336, 4096), (20, 29568, 8192), (32, 18944, 3584), (24, 36864, 4608),
+                                     (32, 8448, 3072)])
+def test_wide_small_batches_take_one_32_wide_activation_tile(m, n, k):
+    from gemmc.heuristic import WIDE_BATCH_SWAP, wide_batch_schedule
+    s = choose_schedule(spec(m, n, k), "sm_90a")
+    assert s == WIDE_BATCH_SWAP == wide_batch_schedule(spec(m, n, k))
+    assert s.swap_ab and s.tile[1] >= m and s.cluster == (1, 1)           # one activation tile, unpaired
+    assert choose_schedule(spec("M", n, k), m_hint=m) == s
+
+
+@pytest.mark.parametrize("m, n, k", [(16, 14336, 4096), (33, 14336, 4096), (32, 8192, 4096), (32, 14336, 2048)])
+def test_the_wide_batch_rule_stays_out_of_its_range(m, n, k):
+    from gemmc.heuristic import WIDE_BATCH_SWAP, wide_batch_schedule, TALL_SWAPS
+    assert wide_batch_schedule(spec(m, n, k)) is None
+    assert choose_schedule(spec(m, n, k)) not in (WIDE_BATCH_SWAP, TALL_SWAPS[WIDE_BATCH_SWAP])
+    assert wide_batch_schedule(spec(24, 14336, 4096), "sm_80") is None
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 9216, 3072), (8, 8960, 4096), (16, 10496, 4096), (24, 9216, 8192),
+                                     (32, 9728, 4096), (1, 10560, 4096)])
+def test_a_short_second_wave_takes_128_row_weight_tiles(m, n, k):
+    from gemmc.heuristic import DECODE_SWAP, DECODE_SWAP_NARROW, TALL_SWAPS, WIDE_BATCH_SWAP
+    short = DECODE_SWAP_NARROW if m <= 8 else DECODE_SWAP if m <= 16 else WIDE_BATCH_SWAP
+    s = choose_schedule(spec(m, n, k), "sm_90a")
+    assert s == TALL_SWAPS[short] and s.tile[0] == 128 and s.tile[1] >= m and s.swap_ab
+    assert 132 < math.ceil(n / 64) <= 132 + 132 // 4 and math.ceil(n / 128) <= 132   # 64-row: a short 2nd wave
+    # just past either bound the 64-row tiles stay: one full wave, or a second wave over a quarter full
+    assert choose_schedule(spec(m, 132 * 64, k)) == short
+    assert choose_schedule(spec(m, (132 + 34) * 64, k)) == short
+    # the bound moves with the SM count: on a part with 200 SMs the 64-row tiles fit one wave
+    assert choose_schedule(spec(m, n, k), num_sms=200) == short
 
 
 @pytest.mark.parametrize("m, n", [(1, 14336), (8, 14336), (64, 14336)])

@@ -269,11 +269,13 @@ def unit_calls(fn: Kernel, sets: InputSets, outs: list, launches: int, host_timi
 
 def describe_schedule(kernel) -> tuple[Optional[str], Optional[dict]]:
     """(short id, dict) of the schedule a compiled kernel runs, when it says. A `schedule="auto"` kernel
-    that dispatches to torch.matmul (cuBLAS measured faster) says "cuBLAS" and keeps the tuned schedule."""
+    that dispatches to torch.matmul (cuBLAS measured faster) says "cuBLAS" and keeps the schedule it set
+    aside: a tuned one, or the heuristic's pick where the verdict came from measured neighbours."""
     s = getattr(kernel, "schedule", None)
     decision = getattr(kernel, "decision", None)
     if isinstance(s, Schedule) and getattr(decision, "use_cublas", False):
-        return f"cuBLAS (tuned {s.short()})", {**s.to_dict(), "dispatch": "cublas"}
+        what = "heuristic" if decision.source == "heuristic" else "tuned"
+        return f"cuBLAS ({what} {s.short()})", {**s.to_dict(), "dispatch": "cublas"}
     if isinstance(s, Schedule):
         return s.short(), s.to_dict()
     return (None if s is None else str(s)), None
