@@ -68,11 +68,17 @@ per input element, split-K factor S, batch L, P the SM count (`num_sms`, default
    chosen on (M = 24/32, "wide_batch_scan") the model's pick 1.002x -> 1.074x; validated on 19 fresh shapes
    (M = 17/20/28, N = 9216-36864, "wide_batch_validation") 0.962x -> 1.039x, worst 0.878x -> 0.981x (the
    64-row kernel on every shape; step 10 now takes the three with N = 9216).
-10. A short second wave, steps 7 and 9: when the 64-row weight tiles make more CTAs than SMs by at most a
-   quarter of them (on 132 SMs, 8448 < N <= 10560), the last few CTAs stream alone and the 128-row variant
-   (`TALL_SWAPS`: one wave) is faster. H200 ("short_tail_scan"): 33 shapes with N = 8960-10496, M = 1-32,
-   1.149x -> 1.240x cuBLAS, faster on every one; past the bound (N = 11008-16384, 25 shapes) the 64-row
-   tiles read 1.095x against 1.059x.
+10. Grids that run slow, steps 7-9: the swapped rules' 64-row weight tiles make ceil(N/64) CTAs (step 8's
+   pairs twice that per 128 rows). Two grid sizes are slow, and a 128-row tile avoids them:
+   - a short second wave: more CTAs than SMs by at most a quarter of them (on 132 SMs, 8448 < N <= 10560),
+     whose last few CTAs stream alone; `TALL_SWAPS` fit one wave. H200 ("short_tail_scan"): 33 shapes with
+     N = 8960-10496, M = 1-32, 1.149x -> 1.240x cuBLAS, faster on every one; past the bound (N = 11008-16384,
+     25 shapes) the 64-row tiles read 1.095x against 1.059x;
+   - at M <= 16, a grid in the PDL middle band (`pdl_trigger_bands`: 83-117 CTAs on 132 SMs), which lets the
+     next kernel launch late and skips the L2 prefetch; `MID_BAND_SWAPS` (unpaired, 128-row: half the CTAs,
+     in the early band). H200: chosen on 25 shapes (N = 5632-7168, M = 1-16, "mid_band_scan") 1.098x ->
+     1.173x, validated on 31 fresh ones ("mid_band_validation") 1.064x -> 1.128x, worst single shape -0.9%.
+     It reproduces the tuned picks of 1x6144x4096 and 16x6144x4096, which the search found on its own.
 
 Symbolic dims take `m_hint` (else 4096), `n_hint`/`k_hint` (else 4096), batch 1. The constants are
 H100/H200-class (989 TFLOP/s bf16 dense, 4.8 TB/s HBM3e, 50 MB L2) and A100 for sm_80; they set
@@ -86,7 +92,7 @@ from dataclasses import dataclass, replace
 
 from .errors import ScheduleError
 from .schedule import (ARCH_LIMITS, Schedule, ScheduleSpace, ab_stage_bytes, check_schedule, default_schedule,
-                       enumerate_schedules, kernel_grid, resolve_stages)
+                       enumerate_schedules, kernel_grid, pdl_trigger_bands, resolve_stages)
 from .spec import GemmSpec
 from .types import as_arch
 
@@ -112,11 +118,14 @@ BATCH_MIN_M, BATCH_MAX_M, BATCH_MIN_NK, BATCH_MAX_N = 8, 128, 4096, 8192
 # step 9
 WIDE_BATCH_SWAP = Schedule(tile=(64, 32, 128), mode="pingpong", stages=9, swap_ab=True)
 WIDE_BATCH_MIN_M, WIDE_BATCH_MAX_M, WIDE_BATCH_MIN_K = 16, 32, 3072
-# steps 7 and 9 on a short second wave: the 128-row weight tile of each 64-row rule
+# step 10: 128-row weight tiles where the rules' grids run slow. A short second wave (steps 7 and 9):
 TALL_SWAPS = {DECODE_SWAP_NARROW: Schedule(tile=(128, 16, 64), mode="cooperative", swap_ab=True),
               DECODE_SWAP: Schedule(tile=(128, 16, 64), mode="cooperative", swap_ab=True),
               WIDE_BATCH_SWAP: Schedule(tile=(128, 32, 128), mode="cooperative", swap_ab=True)}
 SHORT_TAIL_FRACTION = 4      # a second wave of at most 1/4 of the SMs' CTAs is short
+# a grid in the PDL middle band (`pdl_trigger_bands`), M <= 8 and M <= 16 (steps 7 and 8):
+MID_BAND_SWAPS = (Schedule(tile=(128, 8, 128), mode="cooperative", swap_ab=True),
+                  Schedule(tile=(128, 16, 128), mode="cooperative", swap_ab=True))
 
 
 @dataclass(frozen=True)
@@ -316,12 +325,18 @@ def rank_schedules(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = N
     return scored
 
 
-def _weight_tile_rows(pick: Schedule, n: int, num_sms: int | None) -> Schedule:
-    """`pick`, or its 128-row variant (`TALL_SWAPS`) when `pick`'s 64-row weight tiles spill a short second
-    wave: more CTAs than SMs by at most 1/SHORT_TAIL_FRACTION of them (docstring, step 10)."""
+def _avoid_slow_grids(pick: Schedule, ctas: int, m: int, spec: GemmSpec, num_sms: int | None) -> Schedule:
+    """Step 10: `pick`, whose grid has `ctas` CTAs, or a 128-row swapped tile where that grid runs slow: in the
+    PDL middle band at M <= 16 (`MID_BAND_SWAPS`, half the CTAs, inside the early band), or spilling a short
+    second wave (`TALL_SWAPS`: one wave). The replacement must pass the predicate, else `pick` stays."""
     sms = num_sms or ARCH_LIMITS["sm_90a"].num_sms
-    ctas = math.ceil(n / pick.tile[0])
-    return TALL_SWAPS[pick] if sms < ctas <= sms + sms // SHORT_TAIL_FRACTION else pick
+    early, full = pdl_trigger_bands(sms)
+    out = pick
+    if m <= DECODE_MAX_M and early < ctas < full:
+        out = MID_BAND_SWAPS[m > DECODE_NARROW_MAX_M]
+    elif pick in TALL_SWAPS and sms < ctas <= sms + sms // SHORT_TAIL_FRACTION:
+        out = TALL_SWAPS[pick]
+    return out if out == pick or not check_schedule(out, spec) else pick
 
 
 def decode_schedule(spec: GemmSpec, arch: str = "sm_90a", m_hint: int | None = None, n_hint: int | None = None,
@@ -333,8 +348,10 @@ def decode_schedule(spec: GemmSpec, arch: str = "sm_90a", m_hint: int | None = N
     _, m, n, k = problem_dims(spec, m_hint, n_hint, k_hint)
     if m > DECODE_MAX_M or min(n, k) < DECODE_MIN_NK:
         return None
-    pick = _weight_tile_rows(DECODE_SWAP_NARROW if m <= DECODE_NARROW_MAX_M else DECODE_SWAP, n, num_sms)
-    return pick if not check_schedule(pick, spec) else None
+    pick = DECODE_SWAP_NARROW if m <= DECODE_NARROW_MAX_M else DECODE_SWAP
+    if check_schedule(pick, spec):
+        return None
+    return _avoid_slow_grids(pick, math.ceil(n / pick.tile[0]), m, spec, num_sms)
 
 
 def batch_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = None, m_hint: int | None = None,
@@ -352,7 +369,7 @@ def batch_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = N
         ctas = tmc * tnc
         if best_ctas < ctas <= sms and not check_schedule(s, spec):
             best, best_ctas = s, ctas
-    return best
+    return best if best is None else _avoid_slow_grids(best, best_ctas, m, spec, num_sms)
 
 
 def wide_batch_schedule(spec: GemmSpec, arch: str = "sm_90a", m_hint: int | None = None,
@@ -365,8 +382,9 @@ def wide_batch_schedule(spec: GemmSpec, arch: str = "sm_90a", m_hint: int | None
     _, m, n, k = problem_dims(spec, m_hint, n_hint, k_hint)
     if not (WIDE_BATCH_MIN_M < m <= WIDE_BATCH_MAX_M and n > BATCH_MAX_N and k >= WIDE_BATCH_MIN_K):
         return None
-    pick = _weight_tile_rows(WIDE_BATCH_SWAP, n, num_sms)
-    return pick if not check_schedule(pick, spec) else None
+    if check_schedule(WIDE_BATCH_SWAP, spec):
+        return None
+    return _avoid_slow_grids(WIDE_BATCH_SWAP, math.ceil(n / WIDE_BATCH_SWAP.tile[0]), m, spec, num_sms)
 
 
 def choose_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = None, m_hint: int | None = None,

@@ -47,6 +47,14 @@ ARCH_LIMITS = {
     "sm_80": ArchLimits("sm_80", 163 * 1024, 65536, 1024, 1, False, 108),
 }
 
+def pdl_trigger_bands(num_sms: int) -> tuple[int, int]:
+    """(early, full): an SM90 grid of at most `early` CTAs, or of at least `full`, lets the next kernel launch
+    once its last load is issued; one in between, once its last stage is released (passes/pipeline_staging.py
+    says why). Grids in between also skip the L2 prefetch before the grid-dependency wait, so they run
+    slower; the heuristic steers its swapped picks out of that band."""
+    return num_sms * 5 // 8, num_sms * 9 // 10
+
+
 # Register budgets per thread set by `setmaxnreg` (SM90): the producer gives registers back so
 # the consumers can hold the accumulators. 128*40 + 256*232 = 64512 <= 65536.
 PRODUCER_REGS = 40

@@ -99,8 +99,27 @@ def test_a_short_second_wave_takes_128_row_weight_tiles(m, n, k):
     # just past either bound the 64-row tiles stay: one full wave, or a second wave over a quarter full
     assert choose_schedule(spec(m, 132 * 64, k)) == short
     assert choose_schedule(spec(m, (132 + 34) * 64, k)) == short
-    # the bound moves with the SM count: on a part with 200 SMs the 64-row tiles fit one wave
-    assert choose_schedule(spec(m, n, k), num_sms=200) == short
+    # the bound moves with the SM count: on a part with twice the SMs the 64-row grid is small (the early band)
+    assert choose_schedule(spec(m, n, k), num_sms=264) == short
+
+
+@pytest.mark.parametrize("m, n, k", [(1, 6144, 4096), (8, 5504, 4096), (12, 6144, 8192), (16, 7168, 3072),
+                                     (14, 6912, 4096), (1, 7488, 8192)])
+def test_a_grid_in_the_pdl_middle_band_takes_128_row_weight_tiles(m, n, k):
+    from gemmc.heuristic import MID_BAND_SWAPS
+    from gemmc.schedule import pdl_trigger_bands
+    s = choose_schedule(spec(m, n, k), "sm_90a")
+    assert s == MID_BAND_SWAPS[m > 8] and s.tile[0] == 128 and s.tile[1] >= m and s.cluster == (1, 1)
+    early, full = pdl_trigger_bands(132)
+    assert (early, full) == (82, 118)
+    assert early < math.ceil(n / 64) < full and math.ceil(n / 128) <= early           # 64-row: the middle band
+    # the tuned picks of the llm suite's two such shapes (session-10 search) are exactly these
+    assert choose_schedule(spec(1, 6144, 4096)) == MID_BAND_SWAPS[0]
+    assert choose_schedule(spec(16, 6144, 4096)) == MID_BAND_SWAPS[1]
+    # at the band's edges the 64-row rules stay (82 and 118 CTAs), and past M = 16 the pairs of step 8 do
+    assert choose_schedule(spec(m, 82 * 64, k)).tile[0] == 64 or m > 8
+    assert choose_schedule(spec(1, 118 * 64, k)).tile == (64, 8, 128)
+    assert choose_schedule(spec(24, n, 4096)) not in MID_BAND_SWAPS
 
 
 @pytest.mark.parametrize("m, n", [(1, 14336), (8, 14336), (64, 14336)])
@@ -294,7 +313,7 @@ def test_a_swapped_schedule_is_modeled_as_its_kernels_problem():
 
 @pytest.mark.parametrize("m, n, k, tile, cluster", [
     (16, 4096, 4096, (64, 8, 128), (1, 2)),        # two 8-wide activation tiles per 64-row weight tile
-    (16, 6144, 4096, (128, 8, 128), (1, 2)),       # 64-row tiles in pairs would be 192 CTAs: 128-row, 96
+    (16, 5120, 4096, (128, 8, 128), (1, 2)),       # 64-row tiles in pairs would be 160 CTAs: 128-row, 80
     (32, 4096, 14336, (64, 16, 128), (1, 2)),
     (64, 4096, 4096, (64, 32, 128), (1, 2)),       # 64 weight tiles x 2 activation tiles = 128 CTAs
     (48, 4096, 14336, (64, 32, 128), (1, 2)),

@@ -22,7 +22,7 @@ TUNED = ROOT / "bench" / "results" / "2026-12-01-h200-llm-tuning-db-session10.js
 CHECKS = ([ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-session11{part}.json"
            for part in ("-set3", "-set4", "")]
           + [ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-session12-{part}.json"
-             for part in "abc"])                    # bench --policy heuristic; a later report's row wins
+             for part in "abcd"])                    # bench --policy heuristic; a later report's row wins
 
 
 def h200():

@@ -12,7 +12,8 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
 from ..ir.kernel import PipelineOp, TileSchedulerOp
-from ..schedule import ARCH_LIMITS, EPI_STAGES, Schedule, epilogue_tile, resolve_stages, smem_bytes
+from ..schedule import (ARCH_LIMITS, EPI_STAGES, Schedule, epilogue_tile, pdl_trigger_bands, resolve_stages,
+                        smem_bytes)
 from ..spec import GemmSpec
 from .common import kernel_op, problem_and_schedule
 
@@ -48,8 +49,7 @@ def pdl_bands(s: Schedule) -> tuple[int, int]:
     over grid sizes of 48-132 CTAs (three kernel families): triggering at the last load gained 4-17% up
     to 80 CTAs (1x4096x4096: 12.0 -> 10.7 us) and 1-4% from 120, but lost up to 7% at 88-112; triggering
     once the stages are released gained 0-4% at every size."""
-    sms = ARCH_LIMITS[s.arch].num_sms
-    return sms * 5 // 8, sms * 9 // 10
+    return pdl_trigger_bands(ARCH_LIMITS[s.arch].num_sms)
 
 
 @dataclass(frozen=True)
