@@ -61,6 +61,10 @@ per input element, split-K factor S, batch L, P the SM count (`num_sms`, default
    0.986x -> 1.046x cuBLAS (geomean), over 10 other shapes 0.932x -> 0.977x, worst single loss 1.4%; at
    M = 16/32 ("pair_n8_scan") the picked pair beats the best unpaired kernel on 8 of the 9 shapes, by up to 6%;
    on 10 shapes outside the suite with M = 10-32 ("heuristic_pair_ab") 0.980x -> 1.093x, none slower.
+   The 64-wide pairs (M > 64) only from M = 112 (`BATCH_WIDE_MIN_M`, tiles at least 7/8 full); below, the
+   model picks: at M = 72-104 on 24 K-heavy shapes, the pairs read 0.900x cuBLAS and the model's picks 0.960x
+   (bench/results/2026-12-01-h200-session12.json, "batch_wide_scan"). At M = 72 the two are within 3% of
+   each other and both far below cuBLAS, which the verdict then runs.
 9. Wide small batches on sm_90a (16 < M <= 32, N > 8192, K >= 3072), past step 8's N: `WIDE_BATCH_SWAP`, the
    swapped kernel with one 32-wide activation tile per 64-row weight tile, unpaired. The model picks
    unswapped 64xBN tiles there, whose MMA runs 64 rows for 17-32 real ones. H200, each paired against cuBLAS
@@ -115,6 +119,7 @@ BATCH_SWAPS = {
           Schedule(tile=(128, 64, 64), cluster=(1, 2), mode="pingpong", stages=9, swap_ab=True)),
 }
 BATCH_MIN_M, BATCH_MAX_M, BATCH_MIN_NK, BATCH_MAX_N = 8, 128, 4096, 8192
+BATCH_WIDE_MIN_M = 112       # the 64-wide tiles (M > 64) only when at least 7/8 full; below, the model picks
 # step 9
 WIDE_BATCH_SWAP = Schedule(tile=(64, 32, 128), mode="pingpong", stages=9, swap_ab=True)
 WIDE_BATCH_MIN_M, WIDE_BATCH_MAX_M, WIDE_BATCH_MIN_K = 16, 32, 3072
@@ -361,6 +366,8 @@ def batch_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = N
         return None
     _, m, n, k = problem_dims(spec, m_hint, n_hint, k_hint)
     if not (BATCH_MIN_M < m <= BATCH_MAX_M and BATCH_MIN_NK <= n <= BATCH_MAX_N and k >= BATCH_MIN_NK):
+        return None
+    if 64 < m < BATCH_WIDE_MIN_M:
         return None
     sms = num_sms or ARCH_LIMITS["sm_90a"].num_sms
     best, best_ctas = None, 0

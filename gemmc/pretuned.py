@@ -88,8 +88,8 @@ class PretunedTable:
         the `k` nearest measured shapes (log2 distance over M, N, K at most `max_log2`)? The checks vote
         where any lies that near (they measured the heuristic's picks, which this shape will run), else the
         entries (their tuned schedules). None when nothing is that near. Left-one-out on the H200 table
-        (tests/test_pretuned.py), over the 422 checks: the heuristic alone 1.017x cuBLAS (117 shapes below
-        0.98x), with this verdict 1.042x (4 below 0.98x). A fresh set of 64 shapes measured on the H200 with
+        (tests/test_pretuned.py), over the 422 checks: the heuristic alone 1.020x cuBLAS (113 shapes below
+        0.98x), with this verdict 1.043x (4 below 0.98x). A fresh set of 64 shapes measured on the H200 with
         170 checks: 0.971x -> 1.014x, minimum 0.692x -> 0.994x."""
         return self.cublas_verdict(spec, k, max_log2)[0]
 

@@ -320,7 +320,7 @@ def test_a_swapped_schedule_is_modeled_as_its_kernels_problem():
     (64, 6144, 4096, (64, 64, 128), (1, 1)),       # 96 x 2 would be two waves: one 64-wide tile, 96 CTAs
     (64, 8192, 8192, (64, 64, 128), (1, 1)),       # 128 CTAs; ties with 128x32 in pairs, first listed wins
     (128, 4096, 4096, (64, 64, 128), (1, 2)),
-    (96, 8192, 28672, (128, 64, 64), (1, 2))])
+    (112, 8192, 28672, (128, 64, 64), (1, 2))])
 def test_small_batches_take_the_swapped_cluster_rule(m, n, k, tile, cluster):
     from gemmc.heuristic import BATCH_SWAPS, batch_schedule
     s = choose_schedule(spec(m, n, k), "sm_90a")
@@ -332,6 +332,8 @@ def test_small_batches_take_the_swapped_cluster_rule(m, n, k, tile, cluster):
 
 
 @pytest.mark.parametrize("m, n, k, arch", [(8, 4096, 4096, "sm_90a"), (129, 4096, 4096, "sm_90a"),
+                                           (65, 4096, 16384, "sm_90a"), (96, 8192, 28672, "sm_90a"),
+                                           (111, 6144, 8192, "sm_90a"),
                                            (64, 10240, 8192, "sm_90a"), (64, 2048, 4096, "sm_90a"),
                                            (64, 4096, 1024, "sm_90a"), (64, 4096, 4096, "sm_80")])
 def test_the_batch_rule_stays_out_of_its_range(m, n, k, arch):

