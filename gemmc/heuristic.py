@@ -330,11 +330,13 @@ def rank_schedules(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = N
     return scored
 
 
-def _avoid_slow_grids(pick: Schedule, ctas: int, m: int, spec: GemmSpec, num_sms: int | None) -> Schedule:
-    """Step 10: `pick`, whose grid has `ctas` CTAs, or a 128-row swapped tile where that grid runs slow: in the
-    PDL middle band at M <= 16 (`MID_BAND_SWAPS`, half the CTAs, inside the early band), or spilling a short
+def _avoid_slow_grids(pick: Schedule, spec: GemmSpec, m: int, n: int, num_sms: int | None) -> Schedule:
+    """Step 10: `pick`, or a 128-row swapped tile where `pick`'s grid (`kernel_grid`) runs slow: in the PDL
+    middle band at M <= 16 (`MID_BAND_SWAPS`, half the CTAs, inside the early band), or spilling a short
     second wave (`TALL_SWAPS`: one wave). The replacement must pass the predicate, else `pick` stays."""
     sms = num_sms or ARCH_LIMITS["sm_90a"].num_sms
+    _, _, tmc, tnc = kernel_grid(pick, m, n)
+    ctas = tmc * tnc
     early, full = pdl_trigger_bands(sms)
     out = pick
     if m <= DECODE_MAX_M and early < ctas < full:
@@ -356,7 +358,7 @@ def decode_schedule(spec: GemmSpec, arch: str = "sm_90a", m_hint: int | None = N
     pick = DECODE_SWAP_NARROW if m <= DECODE_NARROW_MAX_M else DECODE_SWAP
     if check_schedule(pick, spec):
         return None
-    return _avoid_slow_grids(pick, math.ceil(n / pick.tile[0]), m, spec, num_sms)
+    return _avoid_slow_grids(pick, spec, m, n, num_sms)
 
 
 def batch_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = None, m_hint: int | None = None,
@@ -376,7 +378,7 @@ def batch_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = N
         ctas = tmc * tnc
         if best_ctas < ctas <= sms and not check_schedule(s, spec):
             best, best_ctas = s, ctas
-    return best if best is None else _avoid_slow_grids(best, best_ctas, m, spec, num_sms)
+    return best if best is None else _avoid_slow_grids(best, spec, m, n, num_sms)
 
 
 def wide_batch_schedule(spec: GemmSpec, arch: str = "sm_90a", m_hint: int | None = None,
@@ -391,7 +393,7 @@ def wide_batch_schedule(spec: GemmSpec, arch: str = "sm_90a", m_hint: int | None
         return None
     if check_schedule(WIDE_BATCH_SWAP, spec):
         return None
-    return _avoid_slow_grids(WIDE_BATCH_SWAP, math.ceil(n / WIDE_BATCH_SWAP.tile[0]), m, spec, num_sms)
+    return _avoid_slow_grids(WIDE_BATCH_SWAP, spec, m, n, num_sms)
 
 
 def choose_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = None, m_hint: int | None = None,
