@@ -80,7 +80,7 @@ def _cutlass_dtype(dtype: DType):
     import cutlass
     return {
         DType.bf16: cutlass.BFloat16, DType.f16: cutlass.Float16, DType.f32: cutlass.Float32,
-        DType.f8e4m3: cutlass.Float8E4M3FN, DType.f8e5m2: cutlass.Float8E5M2,
+        DType.f8e4m3: cutlass.Float8E4M3FN, DType.f8e5m2: cutlass.Float8E5M2, DType.i32: cutlass.Int32,
     }[dtype]
 
 
@@ -147,13 +147,14 @@ def fake_arguments(emitted: EmittedKernel) -> list:
                            for i in range(len(shape)))
             fakes.append(cute.runtime.make_fake_tensor(_cutlass_dtype(p.dtype), shape, stride,
                                                        assumed_align=16))
-        elif p.kind == "workspace":
+        elif p.kind in ("workspace", "semaphore"):
             fakes.append(cute.runtime.make_fake_compact_tensor(
-                _cutlass_dtype(p.dtype), (cute.sym_int(divisibility=4),), assumed_align=16))
+                _cutlass_dtype(p.dtype), (cute.sym_int(divisibility=4 if p.kind == "workspace" else 1),),
+                assumed_align=16 if p.kind == "workspace" else 4))
         elif p.kind == "scalar":
             fakes.append(cutlass.Float32(0.0))
         else:
-            raise BuildError(f"param {p.name!r} has unknown kind {p.kind!r}; use tensor, scalar or workspace")
+            raise BuildError(f"param {p.name!r} has unknown kind {p.kind!r}; use tensor, scalar, workspace or semaphore")
     fakes.append(cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
     return fakes
 

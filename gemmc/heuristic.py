@@ -39,6 +39,8 @@ per input element, split-K factor S, batch L, P the SM count (`num_sms`, default
    t_dram = bytes / achieved bandwidth.
 6. time = max(t_compute, t_dram) + 0.1*min(t_compute, t_dram) + T_FILL, plus under split-K the reduce
    kernel that reads the partials and runs the epilogue: T_FIX + L*M*N*(4*S + out + full inputs)/B_DRAM.
+   (Fitted when every split-K ran that second kernel. Since gemmc 0.3.2 a 2-split kernel sums its partials
+   itself, about 4% faster on the measured checks, which the model does not credit: its 2-split picks stand.)
    score = 2*L*M*N*K / time.
 
 7. Decode on sm_90a (M <= 16, N and K >= 3072): a swapped schedule (swap_ab) is modeled as its kernel's

@@ -189,9 +189,96 @@ class WorkspacePool:
 WORKSPACES = WorkspacePool()
 
 
+_CAPTURES_KEPT = 64
+_MAX_SCRATCH_ELEMS = 2 ** 31     # kernels index their scratch with 32-bit integers
+
+
+class SemaphorePool:
+    """The split-K fix-up's per-tile arrival counters (i32): zero when a kernel starts, and every kernel
+    leaves the ones it used at zero again. One zeroed buffer per (device, stream), shared by the launchers
+    on that stream (their calls are ordered); never shared between streams.
+
+    A launch being captured into a CUDA graph gets counters of the graph's own (its pool), zeroed by a
+    memset that is part of the graph: once per capture and stream, at the first split-K launch, when the
+    capture's id can be read (the driver's cuStreamGetCaptureInfo), else at every split-K launch. A pooled
+    buffer would be shared between the replays and whatever runs on other streams meanwhile. The buffers
+    of the newest `_CAPTURES_KEPT` captures are held, so no later allocation of the capture reuses them.
+    """
+
+    def __init__(self):
+        self.buffers: dict[tuple, Any] = {}       # (device, stream) -> buffer
+        self.captured: dict[tuple, list] = {}     # (device, stream, capture id) -> its buffers, newest last
+        self._lock = threading.Lock()
+
+    def get(self, elems: int, device):
+        if _capturing(device):
+            return self._captured(elems, device)
+        key = (device, _current_raw_stream(device))
+        buf = self.buffers.get(key)
+        if buf is not None and buf.numel() >= elems:
+            return buf
+        with self._lock:
+            buf = self.buffers.get(key)
+            if buf is None or buf.numel() < elems:
+                # the old buffer may still be in use by a queued kernel on this stream; the caching
+                # allocator frees it in stream order, so dropping it here is safe
+                size = max(elems, 1024, 2 * buf.numel() if buf is not None else 0)
+                buf = self.buffers[key] = _zeros(DType.i32, size, device)
+            return buf
+
+    def _captured(self, elems: int, device):
+        stream = _current_raw_stream(device)
+        capture = _capture_id(stream)
+        if capture is None:
+            return _zeros(DType.i32, max(elems, 1), device)
+        key = (device, stream, capture)
+        with self._lock:
+            bufs = self.captured.get(key)
+            if bufs and bufs[-1].numel() >= elems:
+                return bufs[-1]
+            if bufs is None:
+                bufs = self.captured[key] = []
+                for old in list(self.captured)[:max(0, len(self.captured) - _CAPTURES_KEPT)]:
+                    del self.captured[old]
+            bufs.append(_zeros(DType.i32, max(elems, 1024, 2 * bufs[-1].numel() if bufs else 0), device))
+            return bufs[-1]
+
+    def nbytes(self) -> int:
+        held = list(self.buffers.values()) + [b for bufs in self.captured.values() for b in bufs]
+        return sum(b.numel() * b.element_size() for b in held)
+
+
+_CU_STREAM_CAPTURE_STATUS_ACTIVE = 1
+_cu_capture_info: Any = None
+
+
+def _capture_id(stream: int) -> Optional[int]:
+    """The id of the CUDA graph capture under way on `stream` (driver API, through ctypes), or None when it
+    cannot be read."""
+    global _cu_capture_info
+    if _cu_capture_info is None:
+        try:
+            fn = ctypes.CDLL("libcuda.so.1").cuStreamGetCaptureInfo   # the (stream, status*, id*) entry point
+            fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64)]
+            fn.restype = ctypes.c_int
+            _cu_capture_info = fn
+        except (OSError, AttributeError):
+            _cu_capture_info = False
+    if not _cu_capture_info:
+        return None
+    status, capture = ctypes.c_int(0), ctypes.c_uint64(0)
+    if _cu_capture_info(ctypes.c_void_p(stream), ctypes.byref(status), ctypes.byref(capture)) != 0:
+        return None
+    return capture.value if status.value == _CU_STREAM_CAPTURE_STATUS_ACTIVE else None
+
+
+SEMAPHORES = SemaphorePool()
+
+
 def _torch_dtype(dtype: DType):
     import torch
-    return {DType.f32: torch.float32, DType.f16: torch.float16, DType.bf16: torch.bfloat16}[dtype]
+    return {DType.f32: torch.float32, DType.f16: torch.float16, DType.bf16: torch.bfloat16,
+            DType.i32: torch.int32}[dtype]
 
 
 def _zeros(dtype: DType, elems: int, device):
@@ -269,7 +356,7 @@ class Launcher:
         self._scalars = tuple(i for i, p in enumerate(self.params) if p.kind == "scalar")
         self._workspaces = tuple(
             (i, compile(p.workspace_elems or "0", f"<{p.name}.workspace_elems>", "eval"))
-            for i, p in enumerate(self.params) if p.kind == "workspace")
+            for i, p in enumerate(self.params) if p.kind in ("workspace", "semaphore"))
         self._usage = ", ".join(self.params[i].name for i in self._user)
         # fast path: where each named dim is read from (user arg position, dim), and a value template
         self._n_user = len(self._user)
@@ -421,7 +508,14 @@ class Launcher:
         return t.permute([order.index(i) for i in range(c.rank)])
 
     def workspace(self, index: int, elems: int, device):
-        """Scratch of at least `elems` elements from the process-wide pool (see `WorkspacePool`)."""
+        """Scratch of at least `elems` elements from the process-wide pool (see `WorkspacePool`), or zeroed
+        split-K semaphores (see `SemaphorePool`)."""
+        if elems >= _MAX_SCRATCH_ELEMS:
+            raise LaunchError(f"{self.name}: the split-K scratch {self.params[index].name!r} needs {elems} elements, "
+                              f"past the kernels' 32-bit index ({_MAX_SCRATCH_ELEMS - 1}); use fewer splits "
+                              "(split_k) or split the problem (batch or M) across calls")
+        if self.params[index].kind == "semaphore":
+            return SEMAPHORES.get(elems, device)
         return WORKSPACES.get(self.params[index].dtype, elems, device)
 
     def prepare(self, *args, out=None, **named) -> tuple[list, Any]:

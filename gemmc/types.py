@@ -14,10 +14,12 @@ class DType(str, enum.Enum):
     # a format change; every backend rejects it today.
     f8e4m3 = "f8e4m3"
     f8e5m2 = "f8e5m2"
+    # Runtime-owned counters only (the split-K fix-up's per-tile semaphores); no operand or output is i32.
+    i32 = "i32"
 
     @property
     def bits(self) -> int:
-        return {"bf16": 16, "f16": 16, "f32": 32, "f8e4m3": 8, "f8e5m2": 8}[self.value]
+        return {"bf16": 16, "f16": 16, "f32": 32, "f8e4m3": 8, "f8e5m2": 8, "i32": 32}[self.value]
 
     @property
     def bytes(self) -> int:
@@ -67,4 +69,5 @@ def as_arch(value: str) -> str:
 
 def torch_dtype(dtype: DType):
     import torch
-    return {DType.bf16: torch.bfloat16, DType.f16: torch.float16, DType.f32: torch.float32}[dtype]
+    return {DType.bf16: torch.bfloat16, DType.f16: torch.float16, DType.f32: torch.float32,
+            DType.i32: torch.int32}[dtype]

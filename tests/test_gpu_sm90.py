@@ -100,8 +100,9 @@ def test_auto_with_symbolic_m_routes_each_call_by_m():
 
 @pytest.mark.parametrize("sched", [dict(tile=(128, 128, 64), mode="cooperative"),
                                    dict(tile=(64, 16, 128), mode="pingpong", stages=10, swap_ab=True),
-                                   dict(tile=(128, 64, 64), mode="pingpong", cluster=(2, 1))],
-                         ids=["coop", "swapped", "cluster"])
+                                   dict(tile=(128, 64, 64), mode="pingpong", cluster=(2, 1)),
+                                   dict(tile=(128, 128, 64), split_k=2)],
+                         ids=["coop", "swapped", "cluster", "splitk"])
 def test_pdl_chain_reads_the_previous_calls_output(sched):
     """Back-to-back programmatic-dependent calls where each call's A and B are the previous call's output.
     The next kernel prefetches its first k-tiles into L2 and is let in before the previous grid ends; its
@@ -187,3 +188,80 @@ def test_swapped_ab_matches_fp32_reference(sched, case):
         assert not out.isnan().any(), (m, n, k)
         assert rel_frobenius(out, ref) < 1e-2, (m, n, k)
         assert torch.equal(out, again)
+
+
+FIXUP_SCHEDULES = [dict(tile=(128, 128, 64), split_k=2),
+                   dict(tile=(128, 128, 64), mode="pingpong", cluster=(2, 1), split_k=2),
+                   dict(tile=(64, 128, 64), mode="pingpong", cluster=(1, 2), swizzle=4, split_k=2)]
+
+
+@pytest.mark.parametrize("sched", FIXUP_SCHEDULES)
+def test_split_k_fixup_is_deterministic_and_leaves_its_semaphores_zero(sched):
+    """The last split of each tile sums the partials in split order: the same bits whichever split finishes
+    last; every counter is back at zero after each call. Ragged tiles, partial clusters, and K too short
+    for every split to get a k-tile (those splits arrive with zeros)."""
+    import torch
+    from gemmc.reference import rel_frobenius
+    from gemmc.runtime import SEMAPHORES
+    k = gemmc.compile(gemmc.GemmSpec(m="M", n="N", k="K"), schedule=gemmc.Schedule(**sched))
+    for m, n, kk in [(257, 1000, 4104), (1000, 3000, 5000), (64, 256, 48), (3, 136, 2056)]:
+        a = torch.randn(m, kk, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, kk, device="cuda", dtype=torch.bfloat16)
+        outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+        for o in outs:
+            k(a, b, out=o)
+        torch.cuda.synchronize()
+        assert rel_frobenius(outs[0], a.float() @ b.float().T) < 1e-2, (m, n, kk)
+        assert all(torch.equal(outs[0], o) for o in outs[1:]), (m, n, kk)
+        assert not any(buf.any() for buf in SEMAPHORES.buffers.values()), (m, n, kk)
+
+
+def test_split_k_fixup_replays_in_a_cuda_graph():
+    """Three split-K calls captured in one graph and replayed twice into NaN-filled outputs: each replay
+    is right, and the capture zeroed one set of counters, once (not one per call)."""
+    import torch
+    from gemmc.reference import rel_frobenius
+    from gemmc.runtime import SEMAPHORES, _capture_id
+    k = gemmc.compile(gemmc.GemmSpec(m="M", n=4096, k=8192), schedule=gemmc.Schedule(tile=(128, 128, 64), split_k=2))
+    a = [torch.randn(m, 8192, device="cuda", dtype=torch.bfloat16) for m in (128, 300, 128)]
+    b = torch.randn(4096, 8192, device="cuda", dtype=torch.bfloat16)
+    outs = [torch.empty(x.shape[0], 4096, device="cuda", dtype=torch.bfloat16) for x in a]
+    k(a[0], b, out=outs[0])                  # load and warm outside the capture
+    torch.cuda.synchronize()
+    before = set(SEMAPHORES.captured)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        readable = _capture_id(torch.cuda.current_stream().cuda_stream) is not None
+        for x, o in zip(a, outs):
+            k(x, b, out=o)
+    for _ in range(2):
+        for o in outs:
+            o.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for x, o in zip(a, outs):
+            assert rel_frobenius(o, x.float() @ b.float().T) < 1e-2
+    new = [key for key in SEMAPHORES.captured if key not in before]
+    assert readable and len(new) == 1 and len(SEMAPHORES.captured[new[0]]) == 1
+
+
+@pytest.mark.parametrize("mode", ["cooperative", "pingpong"])
+def test_split_k_fixup_runs_the_fused_epilogue_once_per_tile(mode):
+    """Under the fix-up only the last split of a tile runs the epilogue: alpha * acc + bias, GELU, + a full
+    residual that TMA stages through shared memory; batched, ragged M and N."""
+    import torch
+    from gemmc.reference import make_inputs, reference, rel_frobenius
+    spec = gemmc.GemmSpec(m="M", n="N", k="K", batch="L", inputs=(
+        gemmc.EpilogueInput("alpha", "scalar"), gemmc.EpilogueInput("bias", "row", "bf16"),
+        gemmc.EpilogueInput("res", "full", "bf16")), epilogue=(
+        gemmc.EpilogueOp("mul", (gemmc.spec.Ref("acc"), gemmc.spec.Ref("input", "alpha"))),
+        gemmc.EpilogueOp("add", (gemmc.spec.Ref("node", 0), gemmc.spec.Ref("input", "bias"))),
+        gemmc.EpilogueOp("gelu_tanh", (gemmc.spec.Ref("node", 1),)),
+        gemmc.EpilogueOp("add", (gemmc.spec.Ref("node", 2), gemmc.spec.Ref("input", "res")))))
+    k = gemmc.compile(spec, schedule=gemmc.Schedule(tile=(128, 128, 64), mode=mode, split_k=2))
+    assert "fx_split" in k.source
+    a, b, extra = make_inputs(spec, 300, 392, 3000, batch=3)
+    out = torch.full((3, 300, 392), float("nan"), device="cuda", dtype=torch.bfloat16)
+    k(a, b, *extra, out=out)
+    torch.cuda.synchronize()
+    assert rel_frobenius(out, reference(spec, a, b, extra)) < 1e-2

@@ -154,7 +154,7 @@ def test_pipeline_given_stages_split_k_and_raster():
     s = Schedule(tile=(128, 128, 64), stages=3, raster="n", swizzle=8, split_k=2, mode="pingpong")
     check(run(SQUARE, s, PIPELINE[:3]), f"""
         kernel.pipeline stages 3 barriers [full, empty] epi_stages 2 epi_tile 64x32 smem {smem_bytes(s, SQUARE)}
-        kernel.tile_scheduler persistent true raster n swizzle 8 split_k 2 split_k_mode serial pdl true
+        kernel.tile_scheduler persistent true raster n swizzle 8 split_k 2 split_k_mode fixup pdl true
     """)
 
 
@@ -162,7 +162,7 @@ def test_pipeline_tile_scheduler_launch_follows_the_schedules_pdl():
     s = Schedule(tile=(128, 128, 64), split_k=2, pdl=False)
     text = run(SQUARE, s, PIPELINE[:3])
     check(text, """
-        kernel.tile_scheduler persistent true raster m swizzle 1 split_k 2 split_k_mode serial
+        kernel.tile_scheduler persistent true raster m swizzle 1 split_k 2 split_k_mode fixup
         kernel.epilogue store tma
     """)
     assert " pdl" not in text.split("kernel.tile_scheduler")[1].splitlines()[0]
@@ -297,3 +297,10 @@ def test_filecheck(path, capsys):
         check(out, "\n".join(directive("CHECK")))
         for unwanted in directive("CHECK-NOT"):
             assert unwanted not in out, f"{unwanted!r} should not be in:\n{out}"
+
+
+def test_split_k_sums_in_the_kernel_at_two_splits_on_sm90():
+    from gemmc.passes.pipeline_staging import FIXUP_MAX_SPLITS, tile_scheduler
+    modes = {k: tile_scheduler(Schedule(split_k=k)).values()["split_k_mode"] for k in (1, 2, 3, 4, 8)}
+    assert FIXUP_MAX_SPLITS == 2 and modes == {1: "none", 2: "fixup", 3: "serial", 4: "serial", 8: "serial"}
+    assert tile_scheduler(Schedule(tile=(128, 128, 32), split_k=2, arch="sm_80")).values()["split_k_mode"] == "serial"

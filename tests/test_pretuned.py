@@ -22,7 +22,9 @@ TUNED = ROOT / "bench" / "results" / "2026-12-01-h200-llm-tuning-db-session10.js
 CHECKS = ([ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-session11{part}.json"
            for part in ("-set3", "-set4", "")]
           + [ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-session12-{part}.json"
-             for part in "abcdefg"])                    # bench --policy heuristic; a later report's row wins
+             for part in "abcdefg"]
+          + [ROOT / "bench" / "results" / "2026-12-01-h200-heuristic-checks-session13-a.json"])
+# bench --policy heuristic; a later report's row wins (13-a: the 2-split picks again, on the in-kernel fix-up)
 
 
 def h200():

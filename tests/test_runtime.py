@@ -487,3 +487,73 @@ def test_sm90_grid_sized_for_another_sm_count_warns_once_per_device(monkeypatch)
         warnings.simplefilter("error")
         assert rt.check_persistent_grid("sm_90a", 0) is None        # once per device
         assert rt.check_persistent_grid("sm_90a", 1) is None        # the part the grid was sized for
+
+
+SPLITK_PARAMS = GEMM_PARAMS[:4] + (
+    Param("ws", "workspace", DType.f32, ("W",), 0, role="workspace", workspace_elems="2 * M * N"),
+    Param("sem", "semaphore", DType.i32, ("T",), 0, role="semaphore", workspace_elems="(M + 127) // 128"),
+    GEMM_PARAMS[5])
+
+
+def test_semaphores_come_zeroed_from_a_per_stream_pool(monkeypatch):
+    import gemmc.runtime as rt
+    pool = rt.SemaphorePool()
+    monkeypatch.setattr(rt, "SEMAPHORES", pool)
+    stream = {"s": 7}
+    monkeypatch.setattr(rt, "_current_raw_stream", lambda device: stream["s"])
+    k, rec = cpu_launcher(SPLITK_PARAMS)
+    a, b, bias = torch.randn(300, 64).bfloat16(), torch.randn(32, 64).bfloat16(), torch.randn(32)
+    k(a, b, bias, 1.0)
+    sem = rec.calls[-1][5]
+    assert sem.dtype == torch.int32 and sem.numel() >= 3 and not sem.any()       # ceil(300 / 128) counters
+    k(a, b, bias, 1.0)
+    assert rec.calls[-1][5] is sem                                              # one buffer per stream
+    big = pool.get(5000, torch.device("cpu"))
+    assert big.numel() >= 5000 and not big.any() and pool.get(10, torch.device("cpu")) is big   # grown, then reused
+    stream["s"] = 8
+    assert pool.get(10, torch.device("cpu")).data_ptr() != big.data_ptr()      # never shared between streams
+    assert pool.nbytes() == (big.numel() + 1024) * 4
+
+
+def test_semaphores_under_capture_are_zeroed_once_per_capture(monkeypatch):
+    import gemmc.runtime as rt
+    pool = rt.SemaphorePool()
+    dev = torch.device("cpu")
+    monkeypatch.setattr(rt, "_current_raw_stream", lambda device: 7)
+    eager = pool.get(10, dev)
+    monkeypatch.setattr(rt, "_capturing", lambda device: True)
+    capture = {"id": 1}
+    monkeypatch.setattr(rt, "_capture_id", lambda stream: capture["id"])
+    first = pool.get(10, dev)
+    assert first.data_ptr() != eager.data_ptr() and not first.any()    # the graph's own, never the eager pool's
+    assert pool.get(200, dev) is first                                  # one zeroing per capture
+    grown = pool.get(5000, dev)
+    assert grown.numel() >= 5000 and list(pool.captured) == [(dev, 7, 1)]
+    assert pool.captured[(dev, 7, 1)] == [first, grown]                 # both held until the capture is old
+    capture["id"] = 2
+    assert pool.get(10, dev) is not grown                               # a new capture zeroes its own
+    monkeypatch.setattr(rt, "_CAPTURES_KEPT", 1)
+    capture["id"] = 3
+    pool.get(10, dev)
+    assert list(pool.captured) == [(dev, 7, 3)]
+    capture["id"] = None                       # the capture id cannot be read: fresh counters for every launch
+    assert pool.get(10, dev) is not pool.get(10, dev)
+    monkeypatch.setattr(rt, "_capturing", lambda device: False)
+    assert pool.get(10, dev) is eager
+
+
+def test_capture_id_is_none_without_a_driver_or_a_capture():
+    import gemmc.runtime as rt
+    assert rt._capture_id(0) is None        # CPU CI: no libcuda; a GPU host: stream 0 is not capturing
+
+
+def test_split_k_scratch_past_a_32_bit_index_is_refused_before_launch(monkeypatch):
+    import gemmc.runtime as rt
+    monkeypatch.setattr(rt, "_MAX_SCRATCH_ELEMS", 1000)
+    k, rec = cpu_launcher(SPLITK_PARAMS)
+    a, b, bias = torch.randn(40, 64).bfloat16(), torch.randn(16, 64).bfloat16(), torch.randn(16)
+    with pytest.raises(LaunchError, match="needs 1280 elements.*fewer splits"):
+        k(a, b, bias, 1.0)                       # 2 * M * N = 1280 partials
+    calls = len(rec.calls)
+    k(a[:20], b, bias, 1.0)                      # 640: fits
+    assert len(rec.calls) == calls + 1

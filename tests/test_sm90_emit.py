@@ -155,14 +155,22 @@ def test_swizzled_kernels_reorder_the_unswizzled_enumeration(clusters_m, cluster
 def test_params_follow_storage_shapes(spec, split_k):
     k = emit_any(plan_of(spec, split_k=split_k))
     assert k.arch == "sm_90a" and k.compile_arch == "sm_90a"
-    assert [(p.name, tuple(p.shape)) for p in k.params if p.kind != "workspace"] == storage_shapes(spec)
-    ws = [p for p in k.params if p.kind == "workspace"]
+    scratch = [p for p in k.params if p.kind in ("workspace", "semaphore")]
+    assert [(p.name, tuple(p.shape)) for p in k.params if p not in scratch] == storage_shapes(spec)
+    env = {"M": 7, "N": 16, "K": 64, "L": 3}
     if split_k == 1:
-        assert not ws
+        assert not scratch
+    elif split_k == 2:
+        # the in-kernel fix-up: f32 partials of every (cluster-padded) tile and split, one i32 counter per tile
+        ws, sem = scratch
+        assert (ws.dtype, sem.dtype) == (DType.f32, DType.i32) and [ws, sem] == list(k.params[-2:])
+        tiles = 3 if spec.batch else 1        # 7 x 16 fits one 128 x 128 tile of a 1x1 cluster
+        assert eval(ws.workspace_elems, {}, env) == split_k * 128 * 128 * tiles
+        assert eval(sem.workspace_elems, {}, env) == tiles
     else:
-        assert len(ws) == 1 and ws[0].dtype == DType.f32 and ws[0] is k.params[-1]
-        env = {"M": 7, "N": 16, "K": 64, "L": 3}
-        assert eval(ws[0].workspace_elems, {}, env) == split_k * (3 if spec.batch else 1) * 7 * 16
+        # the reduce kernel: (M, N, SPLIT_K * L) f32 partials
+        assert len(scratch) == 1 and scratch[0].dtype == DType.f32 and scratch[0] is k.params[-1]
+        assert eval(scratch[0].workspace_elems, {}, env) == split_k * (3 if spec.batch else 1) * 7 * 16
     assert re.search(rf"def {k.entry}\(" + ", ".join(
         f"{p.name}: {'cutlass.Float32' if p.kind == 'scalar' else 'cute.Tensor'}" for p in k.params) + ", stream\\)",
         k.source)
@@ -187,14 +195,15 @@ def test_static_dims_stay_numbers():
     assert [p.shape for p in k.params] == [("M", 1024), (4096, 1024), ("M", 4096)]
 
 
-@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("split_k", [1, 2, 3])
 def test_pdl_follows_the_plans_tile_scheduler(split_k):
     spec = GemmSpec(m="M", n=4096, k=1024)
     on, off = emit(plan_of(spec, split_k=split_k)).source, emit(plan_of(spec, split_k=split_k, pdl=False)).source
     assert constants(on)["PDL"] == "True" and constants(off)["PDL"] == "False"
-    # the reduce kernel waits and launches as a dependent only under PDL
-    assert on.count("griddepcontrol_wait()") == 1 + (split_k > 1) and off.count("griddepcontrol_wait()") == 1
-    assert ("use_pdl=True" in on) == (split_k > 1) and "use_pdl=True" not in off
+    # the reduce kernel (from 3 splits; 2 sum in the kernel) waits and launches as a dependent only under PDL
+    reduce = split_k > 2
+    assert on.count("griddepcontrol_wait()") == 1 + reduce and off.count("griddepcontrol_wait()") == 1
+    assert ("use_pdl=True" in on) == reduce and "use_pdl=True" not in off
     assert "use_pdl=PDL" in on and "use_pdl=PDL" in off     # the main launch reads the fact
     assert (constants(on)["PDL_EARLY_CTAS"], constants(on)["PDL_FULL_CTAS"]) == ("82", "118")
     assert (constants(off)["PDL_EARLY_CTAS"], constants(off)["PDL_FULL_CTAS"]) == ("0", "0")
@@ -336,7 +345,18 @@ def test_ptx_has_the_hopper_instructions_the_plan_asks_for(ptx_of, name):
     assert bool(re.search(r"bar\.arrive\s+%r\d+, 256;", ptx)) == (plan.mode == "pingpong")
     assert "cp.async.bulk.tensor.1d" not in ptx
     kernels = re.findall(r"^\.visible \.entry|^\.entry", ptx, re.M)
-    assert len(kernels) == (2 if plan.scheduler.split_k > 1 else 1)   # split-K adds the reduce kernel
+    fixup = plan.scheduler.split_k_mode == "fixup"
+    # split-K adds the reduce kernel, unless the kernel sums the partials itself (the fix-up)
+    assert len(kernels) == (2 if plan.scheduler.split_k > 1 and not fixup else 1)
+    if fixup:
+        # float4 partial stores, one counted arrival (acquire-release) per tile and split, and float4 loads
+        # of the SPLIT_K partials by the last split
+        frag = plan.tile[0] * plan.tile[1] // (128 if plan.mode == "pingpong" else 256)
+        assert ptx.count("atom.global.acq_rel.add.u32") == 1
+        assert ptx.count("st.global.v4.b32") == frag // 4
+        assert ptx.count("ld.global.v4.b32") == plan.scheduler.split_k * frag // 4
+    else:
+        assert "atom.global" not in ptx and "st.global.v4" not in ptx
     # PDL (the plan's tile scheduler says so): each kernel waits on the grid dependency, and the main
     # kernel does so before its first TMA; a plain plan has no griddepcontrol at all
     bodies = re.split(r"^\.visible \.entry|^\.entry", ptx, flags=re.M)[1:]
@@ -359,7 +379,7 @@ def test_ptx_has_the_hopper_instructions_the_plan_asks_for(ptx_of, name):
     # a split-K kernel lets its dependent (the reduce) launch at once; the others let the next kernel
     # launch from the producer, after the loads: once the last is issued (small grids) or has been used
     trigger = main.count("griddepcontrol.launch_dependents;")
-    if plan.scheduler.split_k > 1:
+    if plan.scheduler.split_k > 1 and not fixup:
         assert trigger == 1 and main.index("griddepcontrol.launch_dependents;") < main.index("cp.async.bulk.tensor")
     else:
         assert trigger == 2 and main.index("griddepcontrol.launch_dependents;") > main.index("cp.async.bulk.tensor")

@@ -83,7 +83,7 @@ def test_the_emitted_host_swaps_the_operands_and_views_out_transposed():
 
 def test_a_swapped_plan_with_split_k_is_refused():
     _, plan = lower(GemmSpec(m="M", n="N", k="K"), SWAP)
-    bad = replace(plan, scheduler=replace(plan.scheduler, split_k=2, split_k_mode="serial"))
+    bad = replace(plan, scheduler=replace(plan.scheduler, split_k=2, split_k_mode="fixup"))
     with pytest.raises(BuildError, match="split_k=1"):
         emit(bad)
 

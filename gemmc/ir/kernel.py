@@ -273,7 +273,7 @@ class TileSchedulerOp(FactOp):
         v = self.values()
         self.fail_unless(v["raster"] in ("m", "n"), f"raster {v['raster']!r}; use m or n")
         self.fail_unless(v["swizzle"] >= 1 and v["split_k"] >= 1, "swizzle and split_k are >= 1")
-        self.fail_unless(v["split_k_mode"] in ("none", "serial"), f"split_k_mode {v['split_k_mode']!r}")
+        self.fail_unless(v["split_k_mode"] in ("none", "serial", "fixup"), f"split_k_mode {v['split_k_mode']!r}")
         self.fail_unless((v["split_k"] > 1) == (v["split_k_mode"] != "none"),
                          "split_k_mode is none exactly when split_k is 1")
         self.fail_unless(v["pdl_early_ctas"] >= 0 and (v["pdl"] or v["pdl_early_ctas"] == 0),

@@ -68,7 +68,9 @@ class TileScheduler:                    # lowering of the schedule (pipeline-sta
     raster: str                         # "m" | "n"
     swizzle: int                        # group size along the raster's slow dim
     split_k: int
-    split_k_mode: str = "none"          # "none" | "serial" (deterministic fix-up through a workspace)
+    # "none" | "serial": a second kernel sums the f32 partials in split order | "fixup" (sm_90a): inside the
+    # GEMM kernel, the last CTA to finish a tile sums them (in split order) and runs the epilogue
+    split_k_mode: str = "none"
     pdl: bool = False                   # programmatic dependent launch (griddepcontrol; sm_90a only)
     # PDL: grids of at most pdl_early_ctas CTAs, or of at least pdl_full_ctas (when > 0), let the next
     # kernel launch once their last load is issued; the others once their last stage is released

@@ -11,6 +11,6 @@ builtin.module {
 }
 
 // CHECK: split_k = 2, arch = sm_90a, pdl = false>
-// CHECK: kernel.tile_scheduler persistent true raster m swizzle 1 split_k 2 split_k_mode serial
+// CHECK: kernel.tile_scheduler persistent true raster m swizzle 1 split_k 2 split_k_mode fixup
 // CHECK: kernel.epilogue store tma
 // CHECK-NOT: pdl true

@@ -15,9 +15,11 @@ kernel's prologue (barrier init, descriptor prefetch, an L2 prefetch of its firs
 plan.scheduler.pdl_prefetch_k_tiles k-tiles) overlaps the previous kernel on the stream, and it waits on
 the grid dependency before it loads into shared memory or stores; near its end, its producer lets the
 next kernel launch (plan.scheduler.pdl_early_ctas and pdl_full_ctas say when). Only the plan's mode is emitted
-(`resolve_mode`). Split-K (plan.scheduler.split_k > 1): the main kernel stores f32 partials to the
-workspace and the shared reduce kernel (backends/common.py) applies the epilogue; both launch from the
-same host function. Swapped A and B (plan.swap_ab): the kernel computes out^T = b @ a^T; the host
+(`resolve_mode`). Split-K (plan.scheduler.split_k > 1) sums the f32 partials in split order either in the
+kernel (split_k_mode "fixup": each split of a tile stores its partial to the workspace and counts its arrival
+on the tile's semaphore; the last to arrive sums them and runs the epilogue) or in a second kernel
+(split_k_mode "serial": the main kernel stores the partials and the shared reduce kernel of
+backends/common.py applies the epilogue; both launch from the same host function). Swapped A and B (plan.swap_ab): the kernel computes out^T = b @ a^T; the host
 hands it b as A, a as B and a transposed view of out, and each output element is stored from registers
 (st.global) at its coordinate in that view. The PTX comes from compiling with
 `--keep-ptx --dump-dir <dir>` (the compiled object's `__ptx__`; see gemmc/build.py).
@@ -64,6 +66,9 @@ def _check(plan: KernelPlan) -> None:
                          f"(swap_ab={plan.swap_ab})")
     if plan.swap_ab and plan.scheduler.split_k > 1:
         raise BuildError("a swapped (swap_ab) SM90 plan has no split-K path: use split_k=1")
+    if plan.scheduler.split_k > 1 and plan.scheduler.split_k_mode not in ("fixup", "serial"):
+        raise BuildError(f"SM90 split-K sums its partials in the kernel (fixup) or in a second one (serial); "
+                         f"the plan says split_k_mode {plan.scheduler.split_k_mode!r}")
     for inp in plan.epilogue.inputs:
         if inp.kind != "scalar" and inp.dtype not in (DType.bf16, DType.f16, DType.f32):
             raise BuildError(f"epilogue input {inp.name} has dtype {inp.dtype}")
@@ -85,12 +90,22 @@ def params_of(plan: KernelPlan) -> tuple[Param, ...]:
             shape = {"row": (p.n,), "col": (p.m,), "full": (p.m, p.n)}[inp.kind]
             out.append(Param(inp.name, "tensor", inp.dtype, lead + shape, role="input"))
     sk = plan.scheduler.split_k
-    if sk > 1:
-        batch = p.batch if p.batch is not None else 1
-        elems = f"{sk} * ({_dim_expr(batch)}) * ({_dim_expr(p.m)}) * ({_dim_expr(p.n)})"
+    batch = _dim_expr(p.batch if p.batch is not None else 1)
+    if sk > 1 and plan.scheduler.split_k_mode == "serial":
+        elems = f"{sk} * ({batch}) * ({_dim_expr(p.m)}) * ({_dim_expr(p.n)})"
         # flat f32 partials, viewed in the kernel as (M, N, SPLIT_K * L): split s of batch l at s * L + l
         out.append(Param("workspace", "workspace", DType.f32, (elems,), role="workspace",
                          workspace_elems=elems))
+    elif sk > 1:
+        # flat f32 partials in register-fragment order, SPLIT_K per (padded) output tile; one i32 arrival
+        # counter per tile, which the runtime hands over zeroed and the kernel leaves zeroed
+        bm, bn, _ = plan.tile
+        cm, cn = plan.cluster
+        tiles = (f"({batch}) * (((({_dim_expr(p.m)}) + {bm * cm - 1}) // {bm * cm}) * {cm})"
+                 f" * (((({_dim_expr(p.n)}) + {bn * cn - 1}) // {bn * cn}) * {cn})")   # whole clusters
+        elems = f"{sk * bm * bn} * {tiles}"
+        out.append(Param("workspace", "workspace", DType.f32, (elems,), role="workspace", workspace_elems=elems))
+        out.append(Param("semaphores", "semaphore", DType.i32, (tiles,), role="semaphore", workspace_elems=tiles))
     return tuple(out)
 
 
@@ -137,6 +152,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     cons = plan.role("consumer")
     pingpong = plan.mode == "pingpong"
     sk = plan.scheduler.split_k
+    fixup = sk > 1 and plan.scheduler.split_k_mode == "fixup"
+    reduce_kernel = sk > 1 and not fixup
     batched = p.batch is not None
     entry = f"{p.name}_sm90"
     if ca.multicast != cn or cb.multicast != cm:
@@ -144,9 +161,10 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                          "(A is multicast along the cluster's N extent, B along its M extent)")
     inputs = plan.epilogue.inputs
     ops = plan.epilogue.ops
-    # with split-K the main kernel writes raw f32 partials; the reduce kernel applies the epilogue
-    store_dtype = DType.f32 if sk > 1 else p.out_dtype
-    main_ops, main_inputs = ((), ()) if sk > 1 else (ops, inputs)
+    # split-K through the reduce kernel: the main kernel writes raw f32 partials, the reduce kernel applies
+    # the epilogue; under the in-kernel fix-up the last split of each tile runs the plan's epilogue itself
+    store_dtype = DType.f32 if reduce_kernel else p.out_dtype
+    main_ops, main_inputs = ((), ()) if reduce_kernel else (ops, inputs)
     store_major_is_k = True  # C/out is row-major: N (the "K-like" contiguous mode of the epilogue tile) is contiguous
     params = params_of(plan)
 
@@ -155,7 +173,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         A_DTYPE = $a_dtype                      # problem: a dtype
         B_DTYPE = $b_dtype                      # problem: b dtype
         ACC_DTYPE = $acc_dtype                  # problem: accumulator dtype
-        STORE_DTYPE = $store_dtype              # epilogue store path dtype (f32 partials under split-K)
+        STORE_DTYPE = $store_dtype              # epilogue store path dtype (f32 partials under split_k_mode serial)
         A_MAJOR = cute.nvgpu.OperandMajorMode.$a_major   # problem: a_major = "$a_major_s"
         B_MAJOR = cute.nvgpu.OperandMajorMode.$b_major   # problem: b_major = "$b_major_s"
         TILE_MNK = ($bm, $bn, $bk)              # tile
@@ -179,6 +197,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         RASTER_ALONG_M = $raster_m              # tile scheduler: raster = "$raster"
         SWIZZLE = $swizzle                      # tile scheduler: swizzle group size
         SPLIT_K = $split_k                      # tile scheduler: split-K factor ($sk_mode)
+        REDUCE_KERNEL = $reduce_kernel              # split_k_mode serial: a second kernel sums the partials
         MAX_ACTIVE_CLUSTERS = $max_clusters     # persistent grid: clusters resident at once (ArchLimits)
         SMEM_BYTES = $smem_bytes                # pipeline-staging: shared memory budget
         PDL = $pdl                              # tile scheduler: pdl (programmatic dependent launch)
@@ -202,7 +221,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         threads=plan.threads, pingpong=pingpong, mode=plan.mode,
         inst_m=plan.mma.inst_shape[0], inst_n=plan.mma.inst_shape[1], inst=plan.mma.inst_shape,
         atom_layout=tuple(plan.mma.atom_layout), raster_m=plan.scheduler.raster == "m", raster=plan.scheduler.raster,
-        swizzle=plan.scheduler.swizzle, split_k=sk, sk_mode=plan.scheduler.split_k_mode,
+        swizzle=plan.scheduler.swizzle, split_k=sk, sk_mode=plan.scheduler.split_k_mode, reduce_kernel=reduce_kernel,
         max_clusters=_max_clusters(plan), smem_bytes=plan.pipeline.smem_bytes, pdl=plan.scheduler.pdl,
         pdl_early=plan.scheduler.pdl_early_ctas, pdl_full=plan.scheduler.pdl_full_ctas,
         pdl_prefetch=plan.scheduler.pdl_prefetch_k_tiles,
@@ -279,9 +298,9 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     ws_view = ("cute.make_tensor(workspace.iterator, cute.make_layout("
                "(cute.size(out_mnl, mode=[0]), cute.size(out_mnl, mode=[1]), SPLIT_K * cute.size(out_mnl, mode=[2])), "
                "stride=(cute.size(out_mnl, mode=[1]), 1, cute.size(out_mnl, mode=[0]) * cute.size(out_mnl, mode=[1]))))")
-    store_target = "ws_mnl" if sk > 1 else "out_mnl"
+    store_target = "ws_mnl" if reduce_kernel else "out_mnl"
     in_views = input_view_lines(main_inputs, batched)
-    kernel_in_args = input_kernel_args(main_inputs)
+    kernel_in_args = (["workspace", "semaphores"] if fixup else []) + input_kernel_args(main_inputs)
     staged_host = []
     staged_storage = []
     for i in staged:
@@ -296,7 +315,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                               f"cute.cosize({nm}_smem)], 1024]")
         kernel_in_args += [f"tma_{nm}", f"tma_{nm}_mnl", f"{nm}_smem"]
     reduce_lines = []
-    if sk > 1:
+    if reduce_kernel:
         reduce = splitk_reduce(ops, inputs, sk, p.out_dtype, "ws_mnl", "out_mnl", pdl=plan.scheduler.pdl)
         reduce_lines = (["# split-K fix-up: deterministic in-order sum of the partials + the epilogue"]
                         + input_view_lines(inputs, batched) + list(reduce.launch_lines))
@@ -359,7 +378,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                 use_pdl=PDL)
         $reduce_lines
     ''', entry=entry, host_params=host_params, a_view=a_view, b_view=b_view, out_view=out_view,
-        ws_line=("    ws_mnl = " + ws_view) if sk > 1 else "",
+        ws_line=("    ws_mnl = " + ws_view) if reduce_kernel else "",
         in_views=_indent(in_views, 4), a_k=ka_major == "k", b_k=kb_major == "k",
         c_args="out_mnl, out_mnl" if swap else "tma_c, tma_c_mnl, out_mnl",
         c_store_host=_indent(["# swapped A/B: the epilogue stores from registers (no TMA store)"] if swap else [
@@ -367,15 +386,17 @@ def emit(plan: KernelPlan) -> EmittedKernel:
             f"    cpasync.CopyBulkTensorTileS2GOp(), {store_target}, cute.slice_(c_smem, (None, None, 0)), "
             "EPI_TILE)"], 4),
         kernel_in_args="".join(", " + x for x in kernel_in_args),
-        staged_storage=_indent(staged_storage + (["epi_load_barriers: cute.struct.MemRange[cutlass.Int64, 2]"] if staged else []), 8),
+        staged_storage=_indent(staged_storage + (["epi_load_barriers: cute.struct.MemRange[cutlass.Int64, 2]"] if staged else [])
+                               + (["fixup_flags: cute.struct.MemRange[cutlass.Int32, 2]   # split-K fix-up: arrivals seen"]
+                                  if fixup else []), 8),
         staged_host=_indent(staged_host, 4), reduce_lines=_indent(reduce_lines, 4),
         sched_order=("raster order + swizzle from the plan" if plan.scheduler.swizzle == 1 else
                      "enumerated M-major and unswizzled: swizzled_tile applies the plan's order"),
         sched_args="SWIZZLE, RASTER_ALONG_M" if plan.scheduler.swizzle == 1 else "1, True")
 
-    kernel = _kernel_source(plan, main_ops, main_inputs, pingpong, sk)
+    kernel = _kernel_source(plan, main_ops, main_inputs, pingpong, sk, fixup)
     parts = [header, facts, host, kernel]
-    if sk > 1:
+    if reduce_kernel:
         parts.append(reduce.source.strip("\n"))
     source = resolve_mode("\n\n\n".join(parts), pingpong)
     source = "\n".join(ln.rstrip() for ln in source.split("\n")) + "\n"
@@ -387,10 +408,11 @@ def _max_clusters(plan: KernelPlan) -> int:
     return ARCH_LIMITS["sm_90a"].active_clusters(plan.cluster[0] * plan.cluster[1])
 
 
-def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> str:
+def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup: bool) -> str:
     # an input's (m, n) in the problem: swapped A/B put the problem's n on the kernel's m coordinate
     coords = ("en", "em", "el") if plan.swap_ab else ("em", "en", "el")
-    kparams = "".join(",\n    " + x for x in input_kernel_params(inputs))
+    kparams = "".join(",\n    " + x for x in (["mWS: cute.Tensor", "mSem: cute.Tensor"] if fixup else [])
+                      + input_kernel_params(inputs))
 
     staged = tma_inputs(plan, inputs)
     kparams += "".join(f",\n    tma_{i.name}: cute.CopyAtom, tma_{i.name}_mnl: cute.Tensor, {i.name}_smem: cute.ComposedLayout"
@@ -475,8 +497,8 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
             tile_l = tile_l_raw % num_l
             k_begin = (tile_l_raw // num_l) * k_per_split
             k_count = k_tiles_of(tile_l_raw, k_tile_total, num_l)
-            store_l = tile_l_raw
-        ''')
+            store_l = $store_l
+        ''', store_l="tile_l" if fixup else "tile_l_raw")
     else:
         split_decode = swizzle_decode + _block('''
             tile_l = tile_l_raw
@@ -590,9 +612,9 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
             # read into shared memory or written before its grid has completed
             if PDL:
                 cute.arch.griddepcontrol_wait()
-            # split-K: the reduce kernel is let in at once (it waits for this grid's partials); a next GEMM
-            # is let in by the producer near the end (below): let in here, it measured up to 28% slower
-            if PDL and SPLIT_K > 1:
+            # split_k_mode serial: the reduce kernel is let in at once (it waits for this grid's partials); a
+            # next GEMM is let in by the producer near the end (below): let in here, it measured up to 28% slower
+            if PDL and REDUCE_KERNEL:
                 cute.arch.griddepcontrol_launch_dependents()
 
             # ---- producer warpgroup (assign-warpgroup-roles: producer, PRODUCER_REGS registers) ----
@@ -634,10 +656,10 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
                 # PDL: let the next kernel launch before this grid ends; its CTAs wait in
                 # griddepcontrol.wait until this grid has completed. Grids in the bands do it once their
                 # last load is issued, the others once their last stage is released
-                if PDL and SPLIT_K == 1 and pdl_banded:
+                if PDL and not REDUCE_KERNEL and pdl_banded:
                     cute.arch.griddepcontrol_launch_dependents()
                 ab_pipeline.producer_tail(load_state)
-                if PDL and SPLIT_K == 1 and not pdl_banded:
+                if PDL and not REDUCE_KERNEL and not pdl_banded:
                     cute.arch.griddepcontrol_launch_dependents()
 
             # ---- consumer warpgroups (assign-warpgroup-roles: consumers, CONSUMER_REGS registers) ----
@@ -657,12 +679,12 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int) -> st
             clusters_m = (num_m + TILE_MNK[0] * CLUSTER_MN[0] - 1) // (TILE_MNK[0] * CLUSTER_MN[0])
             clusters_n = (num_n + TILE_MNK[1] * CLUSTER_MN[1] - 1) // (TILE_MNK[1] * CLUSTER_MN[1])
         ''').splitlines(), 4) if plan.scheduler.swizzle > 1 else "",
-        consumer=_consumer_source(plan, epi_math, split_decode, pingpong, staged_loop, bool(staged)))
+        consumer=_consumer_source(plan, epi_math, split_decode, pingpong, staged_loop, bool(staged), fixup))
     return src
 
 
 def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpong: bool, staged_loop: str,
-                     staged: bool) -> str:
+                     staged: bool, fixup: bool) -> str:
     """Consumer main loop + epilogue. Cooperative: both WGs walk every tile, each owning half the rows.
     Ping-pong: WG c takes work units c, c+2, ...; ordered named barriers alternate main loops and
     epilogues between the two WGs, and the stage counter skips the other WG's k-tiles."""
@@ -691,7 +713,7 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
                 tile_sched.advance_to_next_work()
         work = tile_sched.get_current_work()
         num_tiles_done = 0
-        $staged_setup
+        $staged_setup$fixup_setup
         while work.is_valid_tile:
             tile_m, tile_n, tile_l_raw = work.tile_idx
         $split_decode
@@ -727,7 +749,7 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
                 tile_sched.advance_to_next_work()
                 $skip_other
 
-            $epi_math
+            $fixup$epi_math
 
             # ---- epilogue store: sub-tiles through smem, one warp issues the TMA store
             if cutlass.const_expr(PINGPONG):
@@ -739,16 +761,20 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
                     store_pipeline.producer_tail()
                 epi_barrier.arrive_and_wait()
                 epi_next.arrive()
-            num_tiles_done += 1
+            $count_tile
             tile_sched.advance_to_next_work()
             work = tile_sched.get_current_work()
         store_pipeline.producer_tail()
     ''', r2s_setup=_R2S_SWAPPED if plan.swap_ab else _R2S_TMA,
-        split_decode=_indent(split_decode.splitlines(), 4), epi_math=_indent_tail(epi_math, 4),
+        split_decode=_indent(split_decode.splitlines(), 4),
+        fixup=_indent_tail(_FIXUP, 4) + "\n    " if fixup else "",
+        epi_math=_indent_tail(_guarded_math(epi_math, fixup and not staged), 4),
+        fixup_setup=("\n" + _FIXUP_SETUP) if fixup else "",
+        count_tile="" if fixup else "num_tiles_done += 1",
         staged_setup=("epi_bar = epi_load_bar + (consumer_wg if PINGPONG else 0)\nepi_phase = cutlass.Int32(0)"
                       if staged else ""),
-        store=_indent_tail(Template(_STORE_DIRECT if plan.swap_ab else _STORE_TMA).substitute(
-            staged_loop=_indent(staged_loop.splitlines(), 4)).strip("\n"), 4),
+        store=_indent_tail(_guarded_store(Template(_STORE_DIRECT if plan.swap_ab else _STORE_TMA).substitute(
+            staged_loop=_indent(staged_loop.splitlines(), 4)).strip("\n"), fixup), 4),
         skip_first=_indent_tail(_skip_stages("first"), 8), skip_other=_indent_tail(_skip_stages("other"), 8))
     return _indent(body.splitlines(), 8)
 
@@ -798,6 +824,63 @@ for si in cutlass.range_constexpr(cute.size(accumulators)):
     if tCcS[si][0] < num_m and tCcS[si][1] < num_n:
         out_mnl[(tCcS[si][0], tCcS[si][1], tile_l)] = cutlass.Float32(accumulators[si]).to(STORE_DTYPE)
 '''
+
+
+# split-K fix-up inside the kernel (split_k_mode fixup): every split of a tile publishes its f32 partial in
+# register-fragment order (coalesced: element e of all threads is contiguous), then counts its arrival on
+# the tile's semaphore. The last to arrive sums the partials in split order (the same sum whichever split
+# finishes last), resets the semaphore for the next launch and runs the epilogue; the others skip it.
+_FIXUP_SETUP = '''# split-K fix-up: tiles counted over whole clusters (the scheduler's padded grid), partials in float4s
+fx_tiles_m = ((num_m + TILE_MNK[0] - 1) // TILE_MNK[0] + CLUSTER_MN[0] - 1) // CLUSTER_MN[0] * CLUSTER_MN[0]
+fx_tiles_n = ((num_n + TILE_MNK[1] - 1) // TILE_MNK[1] + CLUSTER_MN[1] - 1) // CLUSTER_MN[1] * CLUSTER_MN[1]
+fx_chunks = cute.size(accumulators) // 4
+fx_acc = cute.make_tensor(accumulators.iterator, cute.make_layout((4, fx_chunks)))
+fx_copy = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128)
+fx_in = cute.make_rmem_tensor((4,), cutlass.Float32)
+sFix = storage.fixup_flags.get_tensor(cute.make_layout(2))'''
+_FIXUP = '''# ---- split-K fix-up: publish this split's partial, count arrivals; the last split sums and stores.
+# Float4 c of thread t of split s's partial is at ((tile * SPLIT_K + s) * fx_chunks + c) * epi_threads + t
+fx_split = tile_l_raw // num_l
+fx_tile = (tile_l * fx_tiles_n + tile_n) * fx_tiles_m + tile_m
+fx_mine = cute.make_tensor(
+    mWS.iterator + cute.assume(((fx_tile * SPLIT_K + fx_split) * fx_chunks * epi_threads + consumer_tidx) * 4, divby=4),
+    cute.make_layout((4, fx_chunks), stride=(1, 4 * epi_threads)))
+cute.copy(fx_copy, fx_acc, fx_mine)
+epi_barrier.arrive_and_wait()
+if consumer_tidx == 0:
+    cute.arch.fence_acq_rel_gpu()   # release: the group's partial stores (ordered by the barrier) before the count
+    sFix[(consumer_wg if PINGPONG else 0)] = cute.arch.atomic_add(
+        mSem.iterator + fx_tile, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+epi_barrier.arrive_and_wait()
+is_last = sFix[(consumer_wg if PINGPONG else 0)] == SPLIT_K - 1
+if is_last:
+    for c in cutlass.range_constexpr(fx_chunks):
+        for j in cutlass.range_constexpr(4):
+            fx_acc[j, c] = cutlass.Float32(0.0)
+        for s in cutlass.range_constexpr(SPLIT_K):
+            cute.copy(fx_copy, cute.make_tensor(
+                mWS.iterator + cute.assume((((fx_tile * SPLIT_K + s) * fx_chunks + c) * epi_threads + consumer_tidx) * 4,
+                                           divby=4), cute.make_layout(4)), fx_in)
+            for j in cutlass.range_constexpr(4):
+                fx_acc[j, c] = fx_acc[j, c] + fx_in[j]
+    if consumer_tidx == 0:
+        mSem[fx_tile] = cutlass.Int32(0)'''
+
+
+def _guarded_math(epi_math: str, fixup: bool) -> str:
+    """The epilogue DAG; under the fix-up only the last split of a tile runs it. (Staged inputs only set up
+    their partitions here, which the guarded store then reads: those stay unguarded.)"""
+    code = [ln for ln in epi_math.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    if not fixup or not code:
+        return epi_math
+    return "if is_last:\n" + _indent(epi_math.splitlines(), 4)
+
+
+def _guarded_store(store: str, fixup: bool) -> str:
+    """The epilogue store; under the fix-up only the last split of a tile stores (and counts the tile)."""
+    if not fixup:
+        return store
+    return "if is_last:\n" + _indent(store.splitlines() + ["num_tiles_done += 1"], 4)
 
 
 def _skip_stages(work: str) -> str:
