@@ -119,6 +119,7 @@ def test_compile_arch_from_environment(monkeypatch):
     (lambda p: replace(p, epilogue=replace(p.epilogue, store="tma")), "store"),
     (lambda p: replace(p, copies=(replace(p.copies[0], kind="tma"),) + p.copies[1:]), "cp_async"),
     (lambda p: replace(p, copies=(replace(p.copies[0], swizzle_bytes=128),) + p.copies[1:]), "swizzle"),
+    (lambda p: replace(p, scheduler=replace(p.scheduler, split_k=2, split_k_mode="fixup")), "split_k_mode serial"),
 ])
 def test_bad_plans_are_refused_with_a_fix(change, match):
     plan = plan_of(GemmSpec())            # 128x128x32: K tile is 64 bytes, so a 128 B swizzle is too wide

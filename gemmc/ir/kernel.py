@@ -261,7 +261,9 @@ class PipelineOp(FactOp):
 @irdl_op_definition
 class TileSchedulerOp(FactOp):
     """Which CTA computes which output tile: persistence, raster order, swizzle, split-K; and whether
-    the kernels launch as programmatic dependents (pdl: griddepcontrol, sm_90a only; absent = plain)."""
+    the kernels launch as programmatic dependents (pdl: griddepcontrol, sm_90a only; absent = plain).
+    split_k_mode says who sums the split-K partials (in split order): serial = a second, reduce kernel;
+    fixup = the GEMM kernel, the last split of each tile to finish (sm_90a)."""
     name = "kernel.tile_scheduler"
     FIELDS: ClassVar[tuple] = (("persistent", "persistent", "bool", _REQUIRED), ("raster", "raster", "word", _REQUIRED),
               ("swizzle", "swizzle", "int", _REQUIRED), ("split_k", "split_k", "int", _REQUIRED),

@@ -99,6 +99,8 @@ def _check_plan(plan: KernelPlan) -> None:
         bad(f"raster {plan.scheduler.raster!r} swizzle {plan.scheduler.swizzle}", "raster 'm'|'n', swizzle >= 1")
     if plan.scheduler.split_k < 1:
         bad(f"split_k {plan.scheduler.split_k}", "use split_k >= 1")
+    if plan.scheduler.split_k_mode == "fixup":
+        bad("split_k_mode fixup (the in-kernel split-K sum is SM90's)", "split_k_mode serial: the reduce kernel sums")
     if plan.epilogue.store != "direct":
         bad(f"epilogue store {plan.epilogue.store!r}", "SM80 stores from registers: store='direct'")
 
