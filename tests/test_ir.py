@@ -220,6 +220,8 @@ def lowered_text(spec=BIAS_GELU, schedule=Schedule(tile=(128, 256, 64), cluster=
      "evict_first is a TMA load's L2 policy; a tma_store copy has none"),
     ("stages 4 barriers", "stages 0 barriers", "stages 0"),
     ("split_k 1 split_k_mode none", "split_k 2 split_k_mode none", "split_k_mode is none exactly"),
+    ("split_k 1 split_k_mode none", "split_k 1 split_k_mode fixup", "split_k_mode is none exactly"),
+    ("split_k 1 split_k_mode none", "split_k 2 split_k_mode atomic", "split_k_mode 'atomic'"),
     ("raster m swizzle", "raster z swizzle", "raster 'z'"),
     ("kernel.epilogue store tma", "kernel.epilogue store dma", "store 'dma'"),
     ("kernel.cluster 2x1", "kernel.cluster 2x1\n    kernel.cluster 1x1", "more than one kernel.cluster"),

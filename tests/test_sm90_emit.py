@@ -10,7 +10,7 @@ import types
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import assume, given, strategies as st
 
 from gemmc.backends import emit as emit_any
 from gemmc.backends.common import epilogue_math_lines, grouped_raster_source, splitk_reduce
@@ -383,3 +383,29 @@ def test_ptx_has_the_hopper_instructions_the_plan_asks_for(ptx_of, name):
         assert trigger == 1 and main.index("griddepcontrol.launch_dependents;") < main.index("cp.async.bulk.tensor")
     else:
         assert trigger == 2 and main.index("griddepcontrol.launch_dependents;") > main.index("cp.async.bulk.tensor")
+
+
+@given(m=st.integers(1, 3000), n8=st.integers(1, 700), batch=st.integers(1, 4),
+       tile=st.sampled_from([(128, 128, 64), (64, 96, 64), (64, 160, 64), (128, 256, 64), (256, 128, 64)]),
+       cluster=st.sampled_from([(1, 1), (2, 1), (1, 2), (2, 2)]), mode=st.sampled_from(["cooperative", "pingpong"]))
+def test_fixup_scratch_covers_every_index_the_kernel_writes(m, n8, batch, tile, cluster, mode):
+    """The host sizes the fix-up's partials and semaphores from the same cluster-padded tile grid that the
+    kernel indexes: the largest float4 offset of the last tile's last split ends exactly at the workspace's
+    end, and the last tile id is the last semaphore."""
+    # no such plan: a ping-pong tile's accumulators past the register budget, or a 64-row cooperative tile
+    assume(not (mode == "pingpong" and tile[0] * tile[1] > 128 * 128 or mode == "cooperative" and tile[0] < 128))
+    n = 8 * n8
+    plan = plan_of(GemmSpec(m="M", n="N", k="K", batch="L"), tile=tile, cluster=cluster, mode=mode, split_k=2)
+    k = emit(plan)
+    ws, sem = [p for p in k.params if p.kind in ("workspace", "semaphore")]
+    env = {"M": m, "N": n, "K": 64, "L": batch}
+    lines = dict(re.findall(r"^\s*(fx_tiles_[mn]) = (.*)$", k.source, re.M))
+    kernel_env = {"num_m": m, "num_n": n, "TILE_MNK": tile, "CLUSTER_MN": cluster}
+    tiles_m, tiles_n = eval(lines["fx_tiles_m"], {}, kernel_env), eval(lines["fx_tiles_n"], {}, kernel_env)
+    last_tile = ((batch - 1) * tiles_n + tiles_n - 1) * tiles_m + tiles_m - 1      # the kernel's fx_tile formula
+    threads = 128 if mode == "pingpong" else 256
+    chunks = tile[0] * tile[1] // threads // 4
+    last_float = (((last_tile * 2 + 1) * chunks + chunks - 1) * threads + threads - 1) * 4 + 3
+    assert eval(ws.workspace_elems, {}, env) == last_float + 1
+    assert eval(sem.workspace_elems, {}, env) == last_tile + 1
+    assert "fx_tile = (tile_l * fx_tiles_n + tile_n) * fx_tiles_m + tile_m" in k.source
