@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from .backends import Param
 from .errors import LaunchError, PerformanceWarning
-from .types import DType
+from .types import DType, torch_dtype
 
 _ALIGN_BYTES = 16
 
@@ -275,20 +275,14 @@ def _capture_id(stream: int) -> Optional[int]:
 SEMAPHORES = SemaphorePool()
 
 
-def _torch_dtype(dtype: DType):
-    import torch
-    return {DType.f32: torch.float32, DType.f16: torch.float16, DType.bf16: torch.bfloat16,
-            DType.i32: torch.int32}[dtype]
-
-
 def _zeros(dtype: DType, elems: int, device):
     import torch
-    return torch.zeros(elems, dtype=_torch_dtype(dtype), device=device)
+    return torch.zeros(elems, dtype=torch_dtype(dtype), device=device)
 
 
 def _empty(dtype: DType, elems: int, device):
     import torch
-    return torch.empty(elems, dtype=_torch_dtype(dtype), device=device)
+    return torch.empty(elems, dtype=torch_dtype(dtype), device=device)
 
 
 def _capturing(device) -> bool:
