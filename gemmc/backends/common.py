@@ -171,7 +171,7 @@ def _reduce_kernel_source(ops: Sequence[EpilogueOp], inputs: Sequence[EpilogueIn
     return f'''
 @cute.kernel
 def {name}({params}):
-    """split-K fix-up: sum the {split_k} f32 partials of each element in order, then the epilogue."""
+    """split-K reduce kernel: sum the {split_k} f32 partials of each element in order, then the epilogue."""
 {pdl_lines}    tidx, _, _ = cute.arch.thread_idx()
     bidx, bidy, _ = cute.arch.block_idx()
     num_m = cute.size(out, mode=[0])

@@ -317,7 +317,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     reduce_lines = []
     if reduce_kernel:
         reduce = splitk_reduce(ops, inputs, sk, p.out_dtype, "ws_mnl", "out_mnl", pdl=plan.scheduler.pdl)
-        reduce_lines = (["# split-K fix-up: deterministic in-order sum of the partials + the epilogue"]
+        reduce_lines = (["# split-K reduce kernel: deterministic in-order sum of the partials + the epilogue"]
                         + input_view_lines(inputs, batched) + list(reduce.launch_lines))
 
     host = _block('''
@@ -768,13 +768,14 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
     ''', r2s_setup=_R2S_SWAPPED if plan.swap_ab else _R2S_TMA,
         split_decode=_indent(split_decode.splitlines(), 4),
         fixup=_indent_tail(_FIXUP, 4) + "\n    " if fixup else "",
-        epi_math=_indent_tail(_guarded_math(epi_math, fixup and not staged), 4),
+        # staged inputs only set up their partitions here, which the guarded store reads: left unguarded
+        epi_math=_indent_tail(_last_split_only(epi_math, fixup and not staged), 4),
         fixup_setup=("\n" + _FIXUP_SETUP) if fixup else "",
         count_tile="" if fixup else "num_tiles_done += 1",
         staged_setup=("epi_bar = epi_load_bar + (consumer_wg if PINGPONG else 0)\nepi_phase = cutlass.Int32(0)"
                       if staged else ""),
-        store=_indent_tail(_guarded_store(Template(_STORE_DIRECT if plan.swap_ab else _STORE_TMA).substitute(
-            staged_loop=_indent(staged_loop.splitlines(), 4)).strip("\n"), fixup), 4),
+        store=_indent_tail(_last_split_only(Template(_STORE_DIRECT if plan.swap_ab else _STORE_TMA).substitute(
+            staged_loop=_indent(staged_loop.splitlines(), 4)).strip("\n"), fixup, ("num_tiles_done += 1",)), 4),
         skip_first=_indent_tail(_skip_stages("first"), 8), skip_other=_indent_tail(_skip_stages("other"), 8))
     return _indent(body.splitlines(), 8)
 
@@ -867,20 +868,12 @@ if is_last:
         mSem[fx_tile] = cutlass.Int32(0)'''
 
 
-def _guarded_math(epi_math: str, fixup: bool) -> str:
-    """The epilogue DAG; under the fix-up only the last split of a tile runs it. (Staged inputs only set up
-    their partitions here, which the guarded store then reads: those stay unguarded.)"""
-    code = [ln for ln in epi_math.splitlines() if ln.strip() and not ln.strip().startswith("#")]
-    if not fixup or not code:
-        return epi_math
-    return "if is_last:\n" + _indent(epi_math.splitlines(), 4)
-
-
-def _guarded_store(store: str, fixup: bool) -> str:
-    """The epilogue store; under the fix-up only the last split of a tile stores (and counts the tile)."""
-    if not fixup:
-        return store
-    return "if is_last:\n" + _indent(store.splitlines() + ["num_tiles_done += 1"], 4)
+def _last_split_only(code: str, fixup: bool, then: tuple[str, ...] = ()) -> str:
+    """`code` (and the lines `then`) under the fix-up's `if is_last:`, so only the last split of a tile runs
+    them; unchanged without the fix-up, or when `code` is only comments."""
+    if not fixup or not any(ln.strip() and not ln.strip().startswith("#") for ln in code.splitlines()):
+        return code
+    return "if is_last:\n" + _indent(code.splitlines() + list(then), 4)
 
 
 def _skip_stages(work: str) -> str:
