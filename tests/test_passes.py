@@ -300,7 +300,8 @@ def test_filecheck(path, capsys):
 
 
 def test_split_k_sums_in_the_kernel_at_two_splits_on_sm90():
-    from gemmc.passes.pipeline_staging import FIXUP_MAX_SPLITS, tile_scheduler
+    from gemmc.passes.pipeline_staging import tile_scheduler
+    from gemmc.schedule import FIXUP_MAX_SPLITS
     modes = {k: tile_scheduler(Schedule(split_k=k)).values()["split_k_mode"] for k in (1, 2, 3, 4, 8)}
     assert FIXUP_MAX_SPLITS == 2 and modes == {1: "none", 2: "fixup", 3: "serial", 4: "serial", 8: "serial"}
     assert tile_scheduler(Schedule(tile=(128, 128, 32), split_k=2, arch="sm_80")).values()["split_k_mode"] == "serial"

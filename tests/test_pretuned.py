@@ -18,13 +18,16 @@ from gemmc.spec import EpilogueInput, EpilogueOp, Ref
 ROOT = Path(__file__).resolve().parent.parent
 DATA = sorted((ROOT / "bench" / "data").glob("2026-11-30-h200-sweep*.jsonl.gz"))
 H200 = "NVIDIA H200"
-TUNED = ROOT / "bench" / "results" / "2026-12-01-h200-llm-tuning-db-session10.json"   # gemmc-search export
+TUNED = [ROOT / "bench" / "results" / "2026-12-01-h200-llm-tuning-db-session10.json",  # gemmc-search exports
+         ROOT / "bench" / "results" / "2026-12-01-h200-tuning-db-session15.json"]     # 128x4096x14336 on 0.3.3
 CHECKS = ([ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-session11{part}.json"
            for part in ("-set3", "-set4", "")]
           + [ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-session12-{part}.json"
              for part in "abcdefg"]
-          + [ROOT / "bench" / "results" / "2026-12-01-h200-heuristic-checks-session13-a.json"])
-# bench --policy heuristic; a later report's row wins (13-a: the 2-split picks again, on the in-kernel fix-up)
+          + [ROOT / "bench" / "results" / "2026-12-01-h200-heuristic-checks-session13-a.json",
+             ROOT / "bench" / "results" / "2026-12-01-h200-heuristic-checks-session15-a.json"])
+# bench --policy heuristic; a later report's row wins (13-a: the 2-split picks again, on the in-kernel fix-up;
+# 15-a: the two checks whose pick changed when 0.3.3 sized the fix-up's epilogue staging by the output dtype)
 
 
 def h200():
@@ -37,7 +40,7 @@ def test_the_h200_table_is_built_from_the_committed_sweeps(tmp_path):
     """The shipped file is exactly what scripts/build_pretuned.py makes of bench/data."""
     out = tmp_path / "h200.json"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_pretuned.py"), *map(str, DATA),
-                           "--tuned", str(TUNED), "--checks", *map(str, CHECKS), "--gpu", H200, "--out", str(out)],
+                           "--tuned", *map(str, TUNED), "--checks", *map(str, CHECKS), "--gpu", H200, "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text()) == json.loads((DATA_DIR / "h200.json").read_text())
@@ -234,7 +237,8 @@ def test_tuned_shapes_take_the_tuning_dbs_paired_verdict(tmp_path):
     """Where the committed tuning-DB export has a shape, the table holds that DB's best (paired verdict)."""
     from gemmc.search.db import TuningDB
     db = TuningDB(tmp_path / "t.sqlite")
-    db.import_(TUNED)
+    for path in TUNED:
+        db.import_(path)
     t = h200()
     for m, n, k in ((16, 4096, 4096), (1, 4096, 14336), (4096, 4096, 4096)):
         best = db.best(gemmc.GemmSpec(m, n, k), "sm_90a", H200)
@@ -244,3 +248,11 @@ def test_tuned_shapes_take_the_tuning_dbs_paired_verdict(tmp_path):
     # session 8's DB lost 1x4096x14336 to cuBLAS; re-measured with session 9's kernels, gemmc wins it
     assert not t.entries[(1, 4096, 14336)].cublas_faster
     assert t.entries[(4096, 4096, 4096)].cublas_faster     # measured and lost: auto runs torch.matmul there
+
+
+def test_session15_export_moves_128x4096x14336_to_the_2_split_fixup():
+    # gemmc-search tune on 0.3.3 (H200): the 2-split fix-up kernel 32.5 us against the old pick's 35.1 us
+    # (static compile), paired with cuBLAS 37.2 us; the older rows of the old pick still rank, and lose
+    e = h200().entries[(128, 4096, 14336)]
+    assert e.schedule.short() == "64x128x64_c2x1_pp_sauto_rm_sw1_k2" and not e.cublas_faster
+    assert 1.10 < e.cublas_us / e.time_us < 1.20

@@ -173,14 +173,35 @@ def test_space_for_arch_matches_the_predicate():
 
 def test_split_k_stages_f32_partials_through_the_epilogue_smem():
     # Measured on the H200 (2026-11-30): a 128x192 cooperative split-K kernel allocated 238592 B, over the
-    # 232448 B limit, when the model counted bf16 epilogue buffers; its partials are f32.
-    from gemmc.schedule import epilogue_smem_bytes, smem_bytes, ARCH_LIMITS
+    # 232448 B limit, when the model counted bf16 epilogue buffers; its partials are f32. Since the in-kernel
+    # fix-up (split_k_mode "fixup", 2 splits on sm_90a) the last split stores the output dtype, as an unsplit
+    # kernel does; only the reduce-kernel mode ("serial", from 3 splits) stages f32.
+    from gemmc.schedule import ARCH_LIMITS, FIXUP_MAX_SPLITS, epilogue_smem_bytes, smem_bytes, split_k_mode
     spec = GemmSpec(m=4096, n=4096, k=4096)
     plain = Schedule(tile=(128, 192, 64))
-    split = plain.with_(split_k=2)
-    assert epilogue_smem_bytes(split, spec) == 2 * epilogue_smem_bytes(plain, spec)
-    assert smem_bytes(split, spec) <= ARCH_LIMITS["sm_90a"].smem_bytes
-    assert resolve_stages(split, spec) == 4 and resolve_stages(plain, spec) == 5
+    fixup = plain.with_(split_k=FIXUP_MAX_SPLITS)
+    serial = plain.with_(split_k=FIXUP_MAX_SPLITS + 1)
+    assert [split_k_mode(s) for s in (plain, fixup, serial)] == ["none", "fixup", "serial"]
+    assert epilogue_smem_bytes(fixup, spec) == epilogue_smem_bytes(plain, spec) == 128 * 32 * 2 * 2
+    assert epilogue_smem_bytes(serial, spec) == 2 * epilogue_smem_bytes(plain, spec)
+    assert all(smem_bytes(s, spec) <= ARCH_LIMITS["sm_90a"].smem_bytes for s in (plain, fixup, serial))
+    assert resolve_stages(serial, spec) == 4 and resolve_stages(fixup, spec) == resolve_stages(plain, spec) == 5
+    # sm_80 has no fix-up: its split-K always sums in a second kernel
+    assert split_k_mode(Schedule(tile=(128, 128, 32), arch="sm_80", split_k=2)) == "serial"
+
+
+def test_split_k_epilogue_inputs_are_staged_only_where_the_kernel_runs_the_epilogue():
+    # a full (M x N) residual goes through smem in the kernel that runs the epilogue: the GEMM kernel
+    # unsplit and under the fix-up; under the reduce kernel ("serial") the main kernel stages only f32
+    from gemmc.schedule import epilogue_smem_bytes
+    spec = GemmSpec(m=4096, n=4096, k=4096, inputs=(EpilogueInput("res", "full", "bf16"),),
+                    epilogue=(EpilogueOp("add", (Ref.acc(), Ref.input("res"))),))
+    plain = Schedule(tile=(128, 128, 64))
+    c_bytes, res_bytes = 128 * 32 * 2 * 2, 128 * 32 * 2 * 2
+    assert epilogue_smem_bytes(plain, spec) == c_bytes + res_bytes
+    assert epilogue_smem_bytes(plain.with_(split_k=2), spec) == c_bytes + res_bytes
+    assert epilogue_smem_bytes(plain.with_(split_k=4), spec) == 128 * 32 * 4 * 2
+    assert epilogue_smem_bytes(plain.with_(swap_ab=True), spec) == c_bytes
 
 
 # ---- pdl (programmatic dependent launch): on by default, off by choice, never searched --------------

@@ -112,7 +112,9 @@ def test_folds_split_by_weight_shape(problems):
 def test_small_simulation_meets_the_targets(problems):
     """The CI version of the issue's simulation: bayes >= 97% within 16, rl >= 90% zero-shot and
     >= 97% within 8 (trained on other shapes), both clearly above random."""
-    res = simulate(problems[::2][:7], ["random", "bayes"], [4, 8, 16], seeds=2)
+    # all 16 shapes, 3 seeds: a 7-shape, 2-seed subset read 0.989 before and 0.952 after a small change to
+    # the heuristic prior (gemmc 0.3.3's fix-up staging), while the 16-shape figure moved 0.985 -> 0.980
+    res = simulate(problems, ["random", "bayes"], [4, 8, 16], seeds=3)
     rl = simulate(problems, ["random", "rl"], [4, 8, 16], seeds=2, rl_folds=2, rl_epochs=30)
     print(res, rl)
     frac = lambda r, s, b: r[s][str(b)]["median_fraction"]

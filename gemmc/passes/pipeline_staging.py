@@ -13,7 +13,7 @@ from xdsl.passes import ModulePass
 
 from ..ir.kernel import PipelineOp, TileSchedulerOp
 from ..schedule import (ARCH_LIMITS, EPI_STAGES, Schedule, epilogue_tile, pdl_trigger_bands, resolve_stages,
-                        smem_bytes)
+                        smem_bytes, split_k_mode)
 from ..spec import GemmSpec
 from .common import kernel_op, problem_and_schedule
 
@@ -32,24 +32,9 @@ def tile_scheduler(s: Schedule) -> TileSchedulerOp:
     pdl = s.pdl and s.arch == "sm_90a"
     early, full = pdl_bands(s) if pdl else (0, 0)
     return TileSchedulerOp.make(persistent=s.arch == "sm_90a", raster=s.raster, swizzle=s.swizzle,
-                                split_k=s.split_k, split_k_mode=_split_k_mode(s),
+                                split_k=s.split_k, split_k_mode=split_k_mode(s),
                                 pdl=pdl, pdl_early_ctas=early, pdl_full_ctas=full,
                                 pdl_prefetch_k_tiles=PDL_PREFETCH_K_TILES if pdl else 0)
-
-
-def _split_k_mode(s: Schedule) -> str:
-    """How split-K sums its partials: in the GEMM kernel, by the last split of each tile to finish ("fixup",
-    sm_90a up to FIXUP_MAX_SPLITS splits), or in a second kernel ("serial"). The fix-up saves that launch but
-    sums each tile in one CTA, which reads all of the tile's partials. H200: paired in one process against
-    the second kernel, 256x4096x14336 k2 49.0 -> 46.4 us, 512x4096x28672 k2 172.8 -> 167.4 us; the 78 split-K
-    checks of the heuristic measured again on the fix-up, against their earlier figures: time x0.96 at 2
-    splits (0.88-1.05), x0.99 at 3, x1.01 at 4, x1.15-1.17 at 6-8 (bench/results/2026-12-01-h200-session13.json)."""
-    if s.split_k == 1:
-        return "none"
-    return "fixup" if s.arch == "sm_90a" and s.split_k <= FIXUP_MAX_SPLITS else "serial"
-
-
-FIXUP_MAX_SPLITS = 2
 
 
 # Before griddepcontrol.wait, grids in the early bands prefetch the first k-tiles of their first tile into
