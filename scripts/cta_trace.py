@@ -152,9 +152,7 @@ def main() -> None:
 
     import torch
     from gemmc.bench.suites import Shape
-    from gemmc.bench.timing import (CudaClock, TimingConfig, check_output, cublas_matmul, input_set_count,
-                                    l2_bytes_of, launch_count, make_input_sets, reference, spin_up,
-                                    time_interleaved, unit_calls)
+    from gemmc.bench.timing import CudaClock, spin_up, time_side_by_side
     out_dir = Path(os.environ.get("OUT", "trace_out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     clock = CudaClock(graphs=True)
@@ -162,31 +160,23 @@ def main() -> None:
     rows = []
     for shape, names in plan.items():
         m, n, k = map(int, shape.split("x"))
-        sh = Shape(m, n, k)
-        sets = make_input_sets(sh, torch.bfloat16, "cuda", input_set_count(sh, 2, l2_bytes_of(), 2.0, 4096), 0)
-        ref = reference(sets.a[0], sets.b[0])
-        est = 1000 * clock.time_ms(clock.prepare([lambda s=sets: cublas_matmul(s.a[0], s.b[0], out=s.out_cublas[0])]))
-        launches = launch_count(est, sets.n, TimingConfig())
-        units = {"cublas": clock.prepare(unit_calls(cublas_matmul, sets, sets.out_cublas, launches, False))}
-        bufs = {}
+        kernels, bufs = {}, {}
         for name in names:
             kk = gemmc.compile(gemmc.GemmSpec(m=m, n=n, k=k), schedule=parse_schedule(name))
-            buf = torch.zeros(TRACE_LEN, dtype=torch.int64, device="cuda")
-            for label, fn in ((name, kk), (name + " traced", traced(kk, buf.data_ptr()))):
-                err = check_output(fn, sets.a[0], sets.b[0], sets.out_gemmc[0], ref)
-                if not err < 1e-2:
-                    raise SystemExit(f"{shape} {label}: rel err {err}")
-                units[label] = clock.prepare(unit_calls(fn, sets, sets.out_gemmc, launches, False))
-            bufs[name] = buf
-        ms = time_interleaved(units, clock, args.repeats, 1)
-        us = {u: statistics.median(ms[u]) * 1000 / launches for u in units}
+            bufs[name] = torch.zeros(TRACE_LEN, dtype=torch.int64, device="cuda")
+            kernels[name], kernels[name + " traced"] = kk, traced(kk, bufs[name].data_ptr())
+        try:
+            res = time_side_by_side(Shape(m, n, k), kernels, clock, repeats=args.repeats)
+        except ValueError as e:
+            raise SystemExit(str(e))
+        us = res["us"]
         for name, buf in bufs.items():
-            clock.time_ms(units[name + " traced"])      # the buffer holds this unit's last launches
+            clock.time_ms(res["units"][name + " traced"])      # the buffer holds this unit's last launches
             row = {"shape": shape, "schedule": name, "us": us[name], "traced_us": us[name + " traced"],
                    "cublas_us": us["cublas"], **timeline(launches_of(buf))}
             rows.append(row)
             print(json.dumps(row), flush=True)
-        del sets, ref
+        del res
         torch.cuda.empty_cache()
         (out_dir / "cta_trace.json").write_text(json.dumps(rows, indent=1))
     keys = ("us", "traced_us", "period", "gap", "span", "dur_min", "dur_median", "dur_max", "dur_harmonic", "tail")

@@ -252,6 +252,23 @@ def _cpu_bench(kernels, cfg=timing.TimingConfig(repeats=5, warmup=1, min_unit_us
     return results, made, cublas, clock, log
 
 
+def test_side_by_side_checks_the_named_kernels_then_times_all_beside_cublas():
+    clock = VirtualClock()
+    shape = suites.Shape(64, 32, 48)
+    kernels = {"kernel": FakeKernel(clock, 10.0), "variant": FakeKernel(clock, 4.0, wrong=True)}
+    cublas = FakeKernel(clock, 12.0, "cublas")
+    cfg = timing.TimingConfig(min_unit_us=100)
+    res = timing.time_side_by_side(shape, kernels, clock, checked=["kernel"], repeats=3, cfg=cfg, cublas=cublas,
+                                   device="cpu", l2_bytes=64 * 1024)
+    assert res["us"] == pytest.approx({"cublas": 12.0, "kernel": 10.0, "variant": 4.0})
+    assert list(res["rel_err"]) == ["kernel"] and res["rel_err"]["kernel"] < 1e-2   # the variant is only timed
+    assert res["launches"] == timing.launch_count(12.0, res["sets"].n, cfg) and set(res["units"]) == set(res["us"])
+    # (1 warm-up + 3 repeats) units per side, after the one-call estimate and the checked kernel's one call
+    assert cublas.calls == 1 + 4 * res["launches"] and kernels["kernel"].calls == 1 + 4 * res["launches"]
+    with pytest.raises(ValueError, match="64x32x48 variant: relative Frobenius error"):
+        timing.time_side_by_side(shape, kernels, clock, cfg=cfg, cublas=cublas, device="cpu", l2_bytes=64 * 1024)
+
+
 def test_timing_loop_measures_each_side_and_the_ratio():
     sched = Schedule(tile=(128, 128, 64))
     results, made, cublas, clock, _ = _cpu_bench(lambda c, log, s: FakeKernel(c, 10.0, "gemmc", log, schedule=sched))

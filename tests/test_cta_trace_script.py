@@ -1,18 +1,13 @@
 """scripts/cta_trace.py: its stamps go into every SM90 kernel form, the timeline arithmetic, and (GPU) the
 traced kernel computes the same product and records one stamp set per CTA and launch."""
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from script_support import load_script
 
 import gemmc
 from gemmc.bench.policy import parse_schedule
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("cta_trace", ROOT / "scripts" / "cta_trace.py")
-cta_trace = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cta_trace)
+cta_trace = load_script("cta_trace")
 
 FORMS = ["128x256x64_c2x1_coop_sauto_rm_sw1_k1", "64x128x64_c2x1_pp_sauto_rm_sw1_k2",
          "128x128x64_c1x1_pp_sauto_rm_sw1_k4", "64x8x128_c1x2_pp_s10_rm_sw1_k1_swap",

@@ -1,19 +1,17 @@
 """scripts/gpu_floor.py: its source edits apply to every SM90 kernel form and remove what they say."""
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from script_support import load_script
 
 import gemmc
 from gemmc.bench.policy import parse_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("gpu_floor", ROOT / "scripts" / "gpu_floor.py")
-gpu_floor = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gpu_floor)
+gpu_floor = load_script("gpu_floor")
 
 FORMS = ["128x256x64_c2x1_coop_sauto_rm_sw1_k1", "64x128x64_c1x1_pp_sauto_rm_sw1_k1",
          "128x128x64_c1x2_pp_sauto_rm_sw8_k1", "64x128x64_c1x1_pp_sauto_rm_sw1_k4",

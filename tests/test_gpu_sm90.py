@@ -3,20 +3,13 @@ split-K on and off and each epilogue op, against an fp32 torch reference of the 
 the output NaN-poisoned first; relative Frobenius error < 1e-2."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
+from script_support import load_script
 
 import gemmc   # module-level: the DSL evaluates a kernel's (string) annotations in this module's globals
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("gpu_sm90_script", ROOT / "scripts" / "gpu_sm90.py")
-script = importlib.util.module_from_spec(_spec)
-sys.modules["gpu_sm90_script"] = script
-_spec.loader.exec_module(script)
+script = load_script("gpu_sm90")
 
 pytestmark = pytest.mark.gpu
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 from hypothesis import given, strategies as st
+from script_support import load_script
 
 from gemmc.backends import emit as emit_any
 from gemmc.backends.sm80 import emit
@@ -225,13 +226,7 @@ def test_gpu_harness_reference_and_nan_check_on_cpu():
 
 
 def _script():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parent.parent / "scripts" / "gpu_sm80.py"
-    spec = importlib.util.spec_from_file_location("gpu_sm80_script", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("gpu_sm80")
 
 
 def test_gpu_script_phases_run_on_cpu_with_stand_in_kernels():

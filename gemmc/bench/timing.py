@@ -322,6 +322,36 @@ def bench_shape(shape: Shape, kernel: Kernel, sets: InputSets, clock: Clock, cfg
     return rec
 
 
+def time_side_by_side(shape: Shape, kernels: dict, clock: Clock, *, checked: Optional[Sequence[str]] = None,
+                      repeats: int = 7, cfg: TimingConfig = TimingConfig(), cublas: Kernel = cublas_matmul,
+                      device="cuda", l2_bytes: Optional[int] = None) -> dict:
+    """Diagnostic timing of several kernels of one shape beside cuBLAS, under the bench's rules (the edited
+    kernels of scripts/gpu_floor.py and scripts/cta_trace.py). The kernels named in `checked` (default: all)
+    are checked first against the fp32 reference, output NaN-filled; a failure raises ValueError and nothing
+    is timed. Then one unit per kernel and one for cuBLAS, over input sets rotated through cfg.l2_factor x L2,
+    `repeats` times interleaved. Returns {"us": {name: median us per call, "cublas": ...}, "rel_err", "units"
+    (to replay one), "launches", "sets"} (the units' graphs read the sets: keep them while replaying)."""
+    l2 = l2_bytes if l2_bytes is not None else l2_bytes_of(device)
+    sets = make_input_sets(shape, torch.bfloat16, device,
+                           input_set_count(shape, 2, l2, cfg.l2_factor, cfg.max_sets), cfg.seed)
+    ref = reference(sets.a[0], sets.b[0])
+    errs = {}
+    for name in (list(kernels) if checked is None else checked):
+        errs[name] = check_output(kernels[name], sets.a[0], sets.b[0], sets.out_gemmc[0], ref)
+        if not errs[name] < cfg.tolerance:
+            raise ValueError(f"{shape.m}x{shape.n}x{shape.k} {name}: relative Frobenius error {errs[name]:.3g} "
+                             f">= {cfg.tolerance:g} against the fp32 reference")
+    del ref
+    est_us = 1000 * clock.time_ms(clock.prepare([partial(cublas, sets.a[0], sets.b[0], out=sets.out_cublas[0])]))
+    launches = launch_count(est_us, sets.n, cfg)
+    units = {"cublas": clock.prepare(unit_calls(cublas, sets, sets.out_cublas, launches, False))}
+    units.update({name: clock.prepare(unit_calls(fn, sets, sets.out_gemmc, launches, False))
+                  for name, fn in kernels.items()})
+    ms = time_interleaved(units, clock, repeats, cfg.warmup)
+    return {"us": {u: statistics.median(ms[u]) * 1000 / launches for u in units}, "rel_err": errs,
+            "units": units, "launches": launches, "sets": sets}
+
+
 def compile_job_of(shape: Shape, policy) -> dict:
     return {"m": shape.m, "n": shape.n, "k": shape.k,
             "policy": policy.to_dict() if isinstance(policy, Schedule) else policy}
