@@ -269,6 +269,24 @@ def test_side_by_side_checks_the_named_kernels_then_times_all_beside_cublas():
         timing.time_side_by_side(shape, kernels, clock, cfg=cfg, cublas=cublas, device="cpu", l2_bytes=64 * 1024)
 
 
+def test_prepare_units_gives_every_side_one_launch_count_and_its_own_outputs():
+    clock = VirtualClock()
+    shape = suites.Shape(64, 32, 48)
+    cfg = timing.TimingConfig(min_unit_us=100)
+    sets = timing.make_input_sets(shape, torch.bfloat16, "cpu", 3)
+    cublas, other = FakeKernel(clock, 12.0, "cublas"), FakeKernel(clock, 5.0, "other")
+    sides = {"other": (other, sets.out_gemmc), "cublas": (cublas, sets.out_cublas)}
+    units, launches, est_us = timing.prepare_units(sides, sets, clock, cfg, cublas, host_timing=False)
+    assert list(units) == ["other", "cublas"] and est_us == pytest.approx(12.0)
+    assert launches == timing.launch_count(12.0, 3, cfg) == 9 and clock.prepared == [1, 9, 9]
+    for out in sets.out_gemmc:
+        out.fill_(float("nan"))
+    units["other"]()
+    # launch i reads input set i mod 3 and writes its slot: every gemmc slot written, cuBLAS's left alone
+    assert other.calls == 9 and all(o.isfinite().all() for o in sets.out_gemmc)
+    assert cublas.calls == 1
+
+
 def test_timing_loop_measures_each_side_and_the_ratio():
     sched = Schedule(tile=(128, 128, 64))
     results, made, cublas, clock, _ = _cpu_bench(lambda c, log, s: FakeKernel(c, 10.0, "gemmc", log, schedule=sched))

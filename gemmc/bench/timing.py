@@ -267,6 +267,18 @@ def unit_calls(fn: Kernel, sets: InputSets, outs: list, launches: int, host_timi
     return calls
 
 
+def prepare_units(sides: dict, sets: InputSets, clock: Clock, cfg: TimingConfig, cublas: Kernel,
+                  host_timing: bool) -> tuple[dict, int, float]:
+    """One timed unit per side ({name: (kernel, output slots)}), all of the same launch count: enough calls
+    for cfg.min_unit_us at one cuBLAS call's estimated time, rotating through every input set. Returns
+    (units in `sides`' order, launches per unit, the estimate in us)."""
+    est_us = 1000 * clock.time_ms(clock.prepare([partial(cublas, sets.a[0], sets.b[0], out=sets.out_cublas[0])]))
+    launches = launch_count(est_us, sets.n, cfg)
+    units = {name: clock.prepare(unit_calls(fn, sets, outs, launches, host_timing))
+             for name, (fn, outs) in sides.items()}
+    return units, launches, est_us
+
+
 def describe_schedule(kernel) -> tuple[Optional[str], Optional[dict]]:
     """(short id, dict) of the schedule a compiled kernel runs, when it says. A `schedule="auto"` kernel
     that dispatches to torch.matmul (cuBLAS measured faster) says "cuBLAS" and keeps the schedule it set
@@ -296,14 +308,10 @@ def bench_shape(shape: Shape, kernel: Kernel, sets: InputSets, clock: Clock, cfg
                         "reference (NaN: output elements left unwritten)")
         return rec
 
-    est_us = 1000 * clock.time_ms(clock.prepare([partial(cublas, sets.a[0], sets.b[0], out=sets.out_cublas[0])]))
-    launches = launch_count(est_us, sets.n, cfg)
-    units = {
-        "gemmc": clock.prepare(unit_calls(kernel, sets, sets.out_gemmc, launches, cfg.host_timing)),
-        "cublas": clock.prepare(unit_calls(cublas, sets, sets.out_cublas, launches, cfg.host_timing)),
-    }
+    sides = {"gemmc": (kernel, sets.out_gemmc), "cublas": (cublas, sets.out_cublas)}
     if cfg.aa_check:    # the same cuBLAS call, writing where gemmc writes: what "no difference" reads as
-        units["cublas_aa"] = clock.prepare(unit_calls(cublas, sets, sets.out_gemmc, launches, cfg.host_timing))
+        sides["cublas_aa"] = (cublas, sets.out_gemmc)
+    units, launches, est_us = prepare_units(sides, sets, clock, cfg, cublas, cfg.host_timing)
     rec["settle_units"] = 0
     if cfg.settle_s > 0 and est_us >= SETTLE_MIN_CALL_US:
         rec["settle_units"] = settle(units["cublas"], clock, cfg.settle_s)
@@ -342,11 +350,8 @@ def time_side_by_side(shape: Shape, kernels: dict, clock: Clock, *, checked: Opt
             raise ValueError(f"{shape.m}x{shape.n}x{shape.k} {name}: relative Frobenius error {errs[name]:.3g} "
                              f">= {cfg.tolerance:g} against the fp32 reference")
     del ref
-    est_us = 1000 * clock.time_ms(clock.prepare([partial(cublas, sets.a[0], sets.b[0], out=sets.out_cublas[0])]))
-    launches = launch_count(est_us, sets.n, cfg)
-    units = {"cublas": clock.prepare(unit_calls(cublas, sets, sets.out_cublas, launches, False))}
-    units.update({name: clock.prepare(unit_calls(fn, sets, sets.out_gemmc, launches, False))
-                  for name, fn in kernels.items()})
+    sides = {"cublas": (cublas, sets.out_cublas), **{name: (fn, sets.out_gemmc) for name, fn in kernels.items()}}
+    units, launches, _ = prepare_units(sides, sets, clock, cfg, cublas, host_timing=False)
     ms = time_interleaved(units, clock, repeats, cfg.warmup)
     return {"us": {u: statistics.median(ms[u]) * 1000 / launches for u in units}, "rel_err": errs,
             "units": units, "launches": launches, "sets": sets}
