@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass, field, replace
-from typing import Iterable, Iterator, Union
+from dataclasses import asdict, dataclass, replace
+from typing import Iterator, Union
 
 from .errors import ScheduleError
 from .spec import GemmSpec
@@ -312,8 +312,11 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
     budget = CONSUMER_REGS if sm90 else SM80_MAX_REGS
     if acc + CONSUMER_REG_OVERHEAD > budget:
         who = "per ping-pong warpgroup" if sm90 and s.mode == "pingpong" else "per MMA thread"
+        # cooperative already splits the tile's rows between two warpgroups: only a smaller tile helps
+        share = (", or mode='cooperative' so two warpgroups share it"
+                 if sm90 and s.mode == "pingpong" else "")
         add("registers", f"{acc} accumulator regs {who} (+{CONSUMER_REG_OVERHEAD} other) > {budget}",
-            "use a smaller tile (M x N), or mode='cooperative' so two warpgroups share it")
+            f"use a smaller tile (M x N){share}")
     if sm90 and PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * consumer_warpgroups(s) > lim.regs_per_sm:
         add("register file", "producer + consumer budgets", "fewer consumer warpgroups")
     if threads_per_cta(s) > lim.max_threads:

@@ -9,6 +9,7 @@ and from `gemmc bench --policy heuristic` reports (the table's checks: the heuri
                  bench/results/2026-12-01-h200-heuristic-checks-session12-*.json \
                  bench/results/2026-12-01-h200-heuristic-checks-session13-a.json \
                  bench/results/2026-12-01-h200-heuristic-checks-session15-a.json \
+        --sustained bench/results/2026-12-01-h200-llm-auto-sustained-session16.json \
         --gpu "NVIDIA H200" --out gemmc/pretuned_data/h200.json
 """
 from __future__ import annotations
@@ -35,6 +36,11 @@ def main(argv=None) -> int:
     p.add_argument("--checks", nargs="*", default=[],
                    help="`gemmc bench --policy heuristic` reports (JSON) on --gpu: each shape outside the table "
                         "becomes a check, which gives the cuBLAS verdict to unmeasured shapes near it")
+    p.add_argument("--sustained", nargs="*", default=[],
+                   help="`gemmc bench --sustained-s` reports on --gpu: where a row was timed sustained (a call of "
+                        ">= 100 us, each side at the power-capped clock its own load sets) and ran the entry's "
+                        "own schedule, its times replace the entry's: a long job runs at that clock, so where "
+                        "they read cuBLAS faster `auto` dispatches to it")
     args = p.parse_args(argv)
     records = []
     for path in args.data:
@@ -55,6 +61,13 @@ def main(argv=None) -> int:
         entries = tuned_entries(args.tuned, args.gpu, args.arch)
         table = with_entries(table, entries, ", ".join(sorted(Path(x).name for x in args.tuned)))
         print(f"{len(entries)} shapes from the tuning DB export(s)")
+    if args.sustained:
+        try:
+            entries = sustained_entries(args.sustained, args.gpu, args.arch, table)
+        except ValueError as e:
+            p.error(str(e))
+        table = with_entries(table, entries, ", ".join(sorted(Path(x).name for x in args.sustained)))
+        print(f"{len(entries)} shapes timed sustained; cuBLAS faster on {sum(e.cublas_faster for e in entries)}")
     if args.checks:
         try:
             checks = heuristic_checks(args.checks, args.gpu, args.arch)
@@ -87,6 +100,32 @@ def heuristic_checks(paths, gpu: str, arch: str) -> list:
         out += [PretunedEntry(r["m"], r["n"], r["k"], Schedule.from_dict(r["schedule_dict"]),
                               float(r["gemmc_us"]["median"]), float(r["cublas_us"]["median"]))
                 for r in report["results"] if r.get("status") == "ok"]
+    return out
+
+
+def sustained_entries(paths, gpu: str, arch: str, table) -> list:
+    """Sustained times of the table's own entries out of bench reports: rows with `sustained` true whose
+    kernel ran the entry's schedule (not a cuBLAS dispatch); gemmc's median, and cuBLAS's as the row's paired
+    ratio puts it. ValueError unless each report ran on `gpu` and
+    `arch` with bf16 inputs and was timed with --sustained-s."""
+    out = []
+    for path in paths:
+        report = json.loads(Path(path).read_text())
+        name = report.get("environment", {}).get("gpu", {}).get("name")
+        seconds = report.get("method", {}).get("config", {}).get("sustained_s", 0)
+        if (name, report.get("arch"), report.get("dtype")) != (gpu, arch, "bf16") or not seconds:
+            raise ValueError(f"{path}: {name!r} ({report.get('arch')}, {report.get('dtype')}, sustained_s "
+                             f"{seconds}); sustained times come from `gemmc bench --sustained-s S` on {gpu!r} "
+                             f"({arch}, bf16)")
+        for r in report["results"]:
+            entry = table.entries.get((r["m"], r["n"], r["k"]))
+            sched = r.get("schedule_dict") or {}
+            if (r.get("status") != "ok" or not r.get("sustained") or entry is None or "dispatch" in sched
+                    or Schedule.from_dict(sched) != entry.schedule):
+                continue
+            # the cuBLAS time the paired ratio gives (the bench's verdict), beside gemmc's median
+            gemmc_us = float(r["gemmc_us"]["median"])
+            out.append(PretunedEntry(entry.m, entry.n, entry.k, entry.schedule, gemmc_us, gemmc_us * float(r["ratio"])))
     return out
 
 

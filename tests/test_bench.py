@@ -1,6 +1,7 @@
 """CPU tests of the benchmark harness: suites, shape files, statistics, policy strings, the timing
 loop (fake kernels on a virtual clock), the report/plot, the dataset format and the CLI's errors."""
 import gzip
+import itertools
 import json
 import math
 import subprocess
@@ -362,6 +363,59 @@ def test_settle_runs_cublas_before_timing_long_shapes_only():
     assert rec["settle_units"] == 0
 
 
+class PowerCappedKernel(FakeKernel):
+    """Under a power cap the clock follows the energy the recent calls draw: a call costs its cycles times
+    the mean energy intensity of the last WINDOW calls of either side (`state`, shared like the GPU)."""
+    WINDOW = 200
+
+    def __init__(self, clock, cycles, intensity, name, log, state):
+        super().__init__(clock, 0.0, name, log)
+        self.cycles, self.intensity, self.state = cycles, intensity, state
+
+    def __call__(self, a, b, out=None):
+        recent = self.state.setdefault("recent", [])
+        recent.append(self.intensity)
+        del recent[:-self.WINDOW]
+        self.us = self.cycles * sum(recent) / len(recent)
+        return super().__call__(a, b, out)
+
+
+def test_sustained_timing_sees_what_a_kernel_costs_at_its_own_power_capped_clock():
+    """Measured on the H200 (scripts/power_clock.py, session 16): at 16384x57344x8192 a 128x128 ping-pong
+    kernel took 2% fewer cycles than cuBLAS but ran at 1170 against 1400 MHz in its own sustained window
+    (0.85x), while short interleaved units read it 1.045x faster: their shared clock is set by both."""
+    sh = suites.Shape(64, 32, 48)
+    sets = timing.make_input_sets(sh, torch.bfloat16, "cpu", 2, 0)
+
+    def run(cfg, cycles=100.0):
+        clock, log, state = VirtualClock(), [], {}
+        gemmc = PowerCappedKernel(clock, cycles, 1.25, "gemmc", log, state)      # fewer cycles, more energy
+        cublas = PowerCappedKernel(clock, 1.1 * cycles, 1.0, "cublas", log, state)
+        return timing.bench_shape(sh, gemmc, sets, clock, cfg, cublas=cublas)
+
+    short = run(timing.TimingConfig(repeats=4, warmup=1, min_unit_us=1000))
+    assert short["sustained"] is False and short["ratio"] == pytest.approx(1.1, rel=0.03)
+    cfg = timing.TimingConfig(repeats=4, warmup=1, min_unit_us=1000, sustained_s=0.02, settle_s=5.0)
+    held = run(cfg)
+    assert held["sustained"] is True and held["settle_units"] == 0           # sustained replaces settling
+    assert held["gemmc_us"]["median"] == pytest.approx(125.0, rel=0.01)       # 100 cycles x 1.25
+    assert held["cublas_us"]["median"] == pytest.approx(110.0, rel=0.01)      # 110 cycles x 1.0
+    assert held["ratio"] == pytest.approx(0.88, rel=0.01)
+    # calls under SETTLE_MIN_CALL_US are not power-capped in a unit's time: timed interleaved as before
+    assert run(cfg, cycles=10.0)["sustained"] is False
+
+
+def test_sustained_timing_settles_each_side_before_each_sample_in_alternating_order():
+    clock, log = VirtualClock(), []
+    units = {"gemmc": lambda: log.append("g"), "cublas": lambda: log.append("c")}
+    samples = timing.time_sustained(units, clock, repeats=2, seconds=0.002)
+    runs = "".join(log)
+    assert {k: len(v) for k, v in samples.items()} == {"gemmc": 2, "cublas": 2}
+    # one run of gemmc units (settle + sample), then cuBLAS, then cuBLAS again, then gemmc
+    assert [k for k, _ in itertools.groupby(runs)] == ["g", "c", "g"]
+    assert runs.startswith("gg") and runs.endswith("gg")
+
+
 def test_timing_interleaves_and_alternates_the_order():
     clock = VirtualClock()
     log = []
@@ -583,6 +637,8 @@ def test_cli_reports_bad_input_before_running(tmp_path, capsys):
     assert "not 'heuristic', 'auto' or a schedule" in capsys.readouterr().err
     assert bench_main(["--suite", "square", "--settle-s", "-1"]) == 2
     assert "--settle-s must be >= 0" in capsys.readouterr().err
+    assert bench_main(["--suite", "square", "--sustained-s", "-0.5"]) == 2
+    assert "--sustained-s must be >= 0" in capsys.readouterr().err
 
 
 def test_cli_without_gpu_says_so(capsys):

@@ -26,6 +26,7 @@ CHECKS = ([ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-sessi
              for part in "abcdefg"]
           + [ROOT / "bench" / "results" / "2026-12-01-h200-heuristic-checks-session13-a.json",
              ROOT / "bench" / "results" / "2026-12-01-h200-heuristic-checks-session15-a.json"])
+SUSTAINED = [ROOT / "bench" / "results" / "2026-12-01-h200-llm-auto-sustained-session16.json"]  # bench --sustained-s 1
 # bench --policy heuristic; a later report's row wins (13-a: the 2-split picks again, on the in-kernel fix-up;
 # 15-a: the two checks whose pick changed when 0.3.3 sized the fix-up's epilogue staging by the output dtype)
 
@@ -40,12 +41,13 @@ def test_the_h200_table_is_built_from_the_committed_sweeps(tmp_path):
     """The shipped file is exactly what scripts/build_pretuned.py makes of bench/data."""
     out = tmp_path / "h200.json"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_pretuned.py"), *map(str, DATA),
-                           "--tuned", *map(str, TUNED), "--checks", *map(str, CHECKS), "--gpu", H200, "--out", str(out)],
+                           "--tuned", *map(str, TUNED), "--checks", *map(str, CHECKS), "--sustained", *map(str, SUSTAINED), "--gpu", H200,
+                           "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text()) == json.loads((DATA_DIR / "h200.json").read_text())
     assert "100 shapes" in proc.stdout and "64 shapes from the tuning DB" in proc.stdout
-    assert "422 checks" in proc.stdout
+    assert "422 checks" in proc.stdout and "21 shapes timed sustained; cuBLAS faster on 6" in proc.stdout
 
 
 def test_each_entry_is_the_best_refined_ratio_of_its_shape():
@@ -256,3 +258,38 @@ def test_session15_export_moves_128x4096x14336_to_the_2_split_fixup():
     e = h200().entries[(128, 4096, 14336)]
     assert e.schedule.short() == "64x128x64_c2x1_pp_sauto_rm_sw1_k2" and not e.cublas_faster
     assert 1.10 < e.cublas_us / e.time_us < 1.20
+
+
+def test_long_calls_take_the_verdict_of_their_sustained_timing(tmp_path):
+    """Session 16 (H200, `gemmc bench --sustained-s 1`): each side run back to back for 1 s before each of its
+    timed units. Under the 700 W cap the 128x128 ping-pong kernel of 16384x57344x8192 clocked 1170-1245 MHz
+    against cuBLAS's ~1400 and read 0.871x, where short interleaved units had read it 1.045x faster. Its
+    entry now holds the sustained times, so `auto` runs torch.matmul there; a short call keeps its burst times."""
+    report = json.loads(SUSTAINED[0].read_text())
+    rows = {(r["m"], r["n"], r["k"]): r for r in report["results"]}
+    t = h200()
+    e = t.entries[(16384, 57344, 8192)]
+    assert e.cublas_faster and e.time_us == rows[(16384, 57344, 8192)]["gemmc_us"]["median"]
+    assert e.cublas_us / e.time_us == pytest.approx(rows[(16384, 57344, 8192)]["ratio"])
+    flipped = {key for key, r in rows.items() if r.get("sustained") and key in t.entries
+               and "dispatch" not in r["schedule_dict"] and r["ratio"] < 1}
+    assert flipped == {(4096, 10240, 8192), (4096, 57344, 8192), (16384, 28672, 4096), (16384, 8192, 8192),
+                       (16384, 57344, 8192), (16384, 8192, 28672)}
+    assert all(t.entries[key].cublas_faster for key in flipped)
+    d = resolve_auto(gemmc.GemmSpec(16384, 57344, 8192), "sm_90a", db=tmp_path / "none.sqlite", gpu_name=H200)
+    assert d.use_cublas
+    short = rows[(1024, 4096, 4096)]                       # 46 us a call: timed interleaved, entry untouched
+    assert not short["sustained"] and t.entries[(1024, 4096, 4096)].time_us != short["gemmc_us"]["median"]
+    kept = t.entries[(1024, 57344, 8192)]                  # 256x160 c1x2: wins sustained too (1.027x)
+    assert not kept.cublas_faster and kept.schedule.short().startswith("256x160x64_c1x2_coop")
+
+
+def test_the_build_script_takes_sustained_times_only_from_sustained_benches(tmp_path):
+    report = json.loads(SUSTAINED[0].read_text())
+    burst = tmp_path / "burst.json"
+    burst.write_text(json.dumps({**report, "method": {**report["method"],
+                                                      "config": {**report["method"]["config"], "sustained_s": 0.0}}}))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_pretuned.py"), *map(str, DATA),
+                           "--sustained", str(burst), "--gpu", H200, "--out", str(tmp_path / "t.json")],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "--sustained-s" in proc.stderr

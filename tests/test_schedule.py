@@ -40,6 +40,11 @@ def test_rejects_register_overflow():
     assert accumulator_regs(s, SPEC) == 256
     assert "registers" in limits(s)
     assert "registers" not in limits(s.with_(mode="cooperative"))  # two warpgroups share it: 128 regs
+    fix = {v.limit: v.fix for v in check_schedule(s, SPEC)}["registers"]
+    assert "mode='cooperative'" in fix
+    # already cooperative (two warpgroups of 128x192): only a smaller tile helps, and the fix says so
+    coop = {v.limit: v.fix for v in check_schedule(Schedule((256, 192, 64), mode="cooperative"), SPEC)}
+    assert coop["registers"] == "use a smaller tile (M x N)"
 
 
 def test_rejects_clusters_over_16():

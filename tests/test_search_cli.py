@@ -103,6 +103,11 @@ def test_tune_settle_reaches_the_runner_and_is_checked(tmp_path, capsys, monkeyp
     assert "--settle-s must be >= 0" in capsys.readouterr().err and "timing" not in seen
     assert main(["--db", db, "tune", "--suite", "llm", "--budget", "2", "--settle-s", "1.5"]) == 2
     assert seen["timing"].settle_s == 1.5
+    seen.clear()
+    assert main(["--db", db, "tune", "--suite", "llm", "--budget", "2", "--sustained-s", "-1"]) == 2
+    assert "--sustained-s must be >= 0" in capsys.readouterr().err and "timing" not in seen
+    assert main(["--db", db, "tune", "--suite", "llm", "--budget", "2", "--sustained-s", "2"]) == 2
+    assert seen["timing"].sustained_s == 2.0 and seen["timing"].settle_s == 0.0
 
 
 def test_tune_fresh_reaches_tune_shapes(tmp_path, monkeypatch):

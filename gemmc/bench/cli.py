@@ -45,6 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settle-s", type=float, default=0.0, metavar="S",
                    help="before timing a shape whose call takes >= 100 us, run cuBLAS back to back for S seconds so "
                         "both sides are timed at the sustained (power-capped) clock (default 0: off)")
+    p.add_argument("--sustained-s", type=float, default=0.0, metavar="S",
+                   help="for a shape whose call takes >= 100 us, run each side back to back for S seconds before "
+                        "each of its timed units, so each is timed at the power-capped clock its own load sets "
+                        "(default 0: off; a kernel that draws more power per call clocks lower under the cap)")
     p.add_argument("--host-timing", action="store_true",
                    help="time eager user calls with host overhead included (no CUDA graphs)")
     p.add_argument("--compile-workers", type=int, default=max(1, (os.cpu_count() or 2) - 1),
@@ -111,9 +115,11 @@ def run(args) -> int:
         if getattr(args, flag) < 1:
             print(f"gemmc bench: error: --{flag.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
-    if args.settle_s < 0:
-        print("gemmc bench: error: --settle-s must be >= 0 (seconds; 0 turns settling off)", file=sys.stderr)
-        return 2
+    for flag in ("settle_s", "sustained_s"):
+        if getattr(args, flag) < 0:
+            print(f"gemmc bench: error: --{flag.replace('_', '-')} must be >= 0 (seconds; 0 turns it off)",
+                  file=sys.stderr)
+            return 2
 
     import torch
     if not torch.cuda.is_available():
@@ -123,7 +129,8 @@ def run(args) -> int:
 
     cfg = TimingConfig(repeats=args.repeats, warmup=args.warmup, min_unit_us=args.min_unit_us,
                        max_launches=args.max_launches, l2_factor=args.l2_factor, host_timing=args.host_timing,
-                       seed=args.seed, aa_check=args.aa_check, settle_s=args.settle_s)
+                       seed=args.seed, aa_check=args.aa_check, settle_s=args.settle_s,
+                       sustained_s=args.sustained_s)
     env = collect_environment()
     from .report import nvidia_smi
     results = run_bench(shapes, policy, cfg, dtype=args.dtype, arch=args.arch, progress=not args.quiet,

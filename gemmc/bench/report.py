@@ -100,6 +100,11 @@ def method_of(cfg) -> dict:
         from .timing import SETTLE_MIN_CALL_US
         text += (f" Settled: before timing a shape whose call takes >= {SETTLE_MIN_CALL_US:g} us, cuBLAS runs back "
                  f"to back for {cfg.settle_s:g} s, so both sides are timed at the sustained, power-capped clock.")
+    if getattr(cfg, "sustained_s", 0) > 0:
+        from .timing import SETTLE_MIN_CALL_US
+        text += (f" Sustained: for a shape whose call takes >= {SETTLE_MIN_CALL_US:g} us, each side runs back to "
+                 f"back for {cfg.sustained_s:g} s before each of its timed units (no interleaving within a unit), "
+                 "so each is timed at the power-capped clock its own load sets (`sustained` true in the record).")
     if getattr(cfg, "aa_check", False):
         text += (" A/A check: a third side runs the same cuBLAS call into gemmc's output slots; aa_ratio = "
                  "cuBLAS time / that time (paired the same way), which differs from 1 by noise alone.")

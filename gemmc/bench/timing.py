@@ -52,6 +52,11 @@ class TimingConfig:
     # long GEMMs are power-capped, and the clock steps down after a few hundred ms of load. Settling
     # times both sides in that sustained state instead of straddling the step (0: off).
     settle_s: float = 0.0
+    # Seconds each side runs back to back before each of its timed units, for shapes whose call takes
+    # >= SETTLE_MIN_CALL_US: every sample is then taken at that side's own power-capped clock. Under the
+    # cap a kernel that spends more energy per call clocks lower, which short interleaved units do not see
+    # (the clock they share is set by both). Replaces the interleaved timing of those shapes (0: off).
+    sustained_s: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -240,6 +245,18 @@ def launch_count(est_us: float, n_sets: int, cfg: TimingConfig) -> int:
     return max(n_sets, min(cfg.max_launches, max(cfg.min_launches, want)))
 
 
+def time_sustained(units: dict, clock: Clock, repeats: int, seconds: float) -> dict:
+    """ms per unit, for each named unit: before every sample the unit runs back to back for `seconds`, so
+    the GPU's clock has settled to what that unit alone draws. The order alternates every repeat."""
+    names = list(units)
+    samples = {name: [] for name in names}
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            settle(units[name], clock, seconds)
+            samples[name].append(clock.time_ms(units[name]))
+    return samples
+
+
 def time_interleaved(units: dict, clock: Clock, repeats: int, warmup: int = 1) -> dict:
     """ms per unit, for each named unit, alternating the order every repeat so neither side
     always runs first (clock boost, L2 and power state are shared)."""
@@ -313,9 +330,13 @@ def bench_shape(shape: Shape, kernel: Kernel, sets: InputSets, clock: Clock, cfg
         sides["cublas_aa"] = (cublas, sets.out_gemmc)
     units, launches, est_us = prepare_units(sides, sets, clock, cfg, cublas, cfg.host_timing)
     rec["settle_units"] = 0
-    if cfg.settle_s > 0 and est_us >= SETTLE_MIN_CALL_US:
-        rec["settle_units"] = settle(units["cublas"], clock, cfg.settle_s)
-    ms = time_interleaved(units, clock, cfg.repeats, cfg.warmup)
+    rec["sustained"] = cfg.sustained_s > 0 and est_us >= SETTLE_MIN_CALL_US
+    if rec["sustained"]:
+        ms = time_sustained(units, clock, cfg.repeats, cfg.sustained_s)
+    else:
+        if cfg.settle_s > 0 and est_us >= SETTLE_MIN_CALL_US:
+            rec["settle_units"] = settle(units["cublas"], clock, cfg.settle_s)
+        ms = time_interleaved(units, clock, cfg.repeats, cfg.warmup)
     rec["launches"] = launches
     for side in units:
         us = [1000 * t / launches for t in ms[side]]

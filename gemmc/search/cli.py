@@ -99,6 +99,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="before each measurement of a shape whose cuBLAS call takes >= 100 us, run cuBLAS back to "
                         "back for S seconds, so schedules are judged at the sustained (power-capped) clock a long "
                         "job runs at; costs S seconds per such measurement (default 0: off)")
+    t.add_argument("--sustained-s", type=float, default=0.0, metavar="S",
+                   help="for a shape whose cuBLAS call takes >= 100 us, run each side back to back for S seconds "
+                        "before each of its timed units, so a schedule is judged at the power-capped clock its "
+                        "own load sets (one that draws more power per call clocks lower); costs about 2 x S x "
+                        "repeats seconds per such measurement (default 0: off)")
     t.add_argument("--also", type=_schedule_list, default=[], metavar="S1,S2,...",
                    help="also measure these schedules (schedule strings, e.g. 128x16x64_pp_s12_swap) on every "
                         "shape where they are valid, after the search; stored with strategy 'also', extra to "
@@ -330,15 +335,17 @@ def cmd_tune(args) -> int:
     from .builder import Builder
     from .runner import Runner
     shapes = get_suite(args.suite, args.sample, args.seed) if args.suite else load_shapes(args.shapes)
-    if args.settle_s < 0:
-        print("gemmc-search tune: --settle-s must be >= 0 (seconds; 0 turns settling off)", file=sys.stderr)
-        return 2
+    for flag in ("settle_s", "sustained_s"):
+        if getattr(args, flag) < 0:
+            print(f"gemmc-search tune: --{flag.replace('_', '-')} must be >= 0 (seconds; 0 turns it off)",
+                  file=sys.stderr)
+            return 2
     from ..types import as_arch
     if any(s.arch != as_arch(args.arch) for s in args.also):
         print(f"gemmc-search tune: --also schedules are read as sm_90a (swap_ab is SM90-only); they cannot "
               f"run under --arch {args.arch}: drop --also or tune sm_90a", file=sys.stderr)
         return 2
-    runner = Runner(timing=TimingConfig(settle_s=args.settle_s))
+    runner = Runner(timing=TimingConfig(settle_s=args.settle_s, sustained_s=args.sustained_s))
     gpu = runner.gpu_name()
     if gpu == "cpu":
         print("gemmc-search tune measures on a GPU and none is visible; use `gemmc-search simulate` on the CPU",
