@@ -416,3 +416,41 @@ def test_tune_also_rejects_a_bad_schedule_string_and_another_arch(tmp_path, caps
     assert main(["--db", str(tmp_path / "t.sqlite"), "tune", "--suite", "llm", "--arch", "sm_80",
                  "--also", "128x16x64_pp_swap"]) == 2
     assert "--arch sm_80" in capsys.readouterr().err
+
+
+def test_tune_sustained_searches_a_long_call_again_at_its_own_clock(tmp_path):
+    """`tune --sustained-s`: on a long call (cuBLAS >= 100 us) the stored interleaved rows neither count
+    toward the budget nor reach the strategy; the new rows are stored as sustained and, once present, alone
+    decide the verdict. A short call keeps its rows (`--sustained-s` times it interleaved anyway)."""
+    from gemmc.bench.suites import Shape
+    from gemmc.search.cli import tune_shapes
+    from gemmc.search.runner import Runner
+    from gemmc.search.strategy import SUSTAINED
+
+    def measure_for(own_clock):
+        def measure(spec, s, arch):
+            cublas = 500.0 if spec.m == 4096 else 20.0
+            long = cublas >= 100.0
+            # interleaved, every schedule reads 1.2x; at its own clock 0.9x
+            ratio = 0.9 if own_clock and long else 1.2
+            return Measurement(s, cublas / ratio, None, cublas_us=cublas,
+                               timing=SUSTAINED if own_clock and long else None)
+        return measure
+
+    db = TuningDB(tmp_path / "t.sqlite")
+    long, short = Shape(4096, 4096, 4096), Shape(64, 4096, 4096)
+    kw = dict(dtype="bf16", arch="sm_90a", strategy="random", batch=2, db=db, builder=_InlineBuilder(),
+              gpu_name="fake", progress=False, confirm=0)
+    tune_shapes([long, short], budget=4, runner=Runner(measure_fn=measure_for(False)), **kw)
+    assert db.count() == 8 and db.best(gemmc.GemmSpec(4096, 4096, 4096), "sm_90a", "fake").speedup == pytest.approx(1.2)
+    tune_shapes([long, short], budget=4, runner=Runner(measure_fn=measure_for(True)), sustained=True, **kw)
+    rows = db.rows()
+    long_rows = [r for r in rows if r["m"] == 4096]
+    # searched again: 4 more rows (the inline builder fails split_k=4 ones), every timed one at its own clock
+    assert len(long_rows) == 8
+    assert {r["timing"] for r in long_rows[4:] if r["error"] is None} == {SUSTAINED}
+    assert all(r["timing"] is None for r in long_rows[:4])
+    assert sum(r["m"] == 64 for r in rows) == 4 and all(r["timing"] is None for r in rows if r["m"] == 64)
+    best = db.best(gemmc.GemmSpec(4096, 4096, 4096), "sm_90a", "fake")
+    assert best.speedup == pytest.approx(0.9) and best.n_rows == 1     # only the own-clock rows rank
+    assert db.best(gemmc.GemmSpec(64, 4096, 4096), "sm_90a", "fake").speedup == pytest.approx(1.2)

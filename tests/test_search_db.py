@@ -204,8 +204,9 @@ def _schema_v1_file(path):
                "schedule": schedule_key(c[i]), "time_us": t,
                "cublas_us": cub, "compile_s": 1.0, "error": None, "strategy": "bayes", "gemmc_version": "0.old",
                "created_at": 1000.0 + n}
-        conn.execute(f"INSERT INTO measurements ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
-                     [row[k] for k in _COLUMNS])
+        cols = [k for k in _COLUMNS if k != "timing"]       # schema 1 and 2 had no `timing`
+        conn.execute(f"INSERT INTO measurements ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                     [row[k] for k in cols])
     conn.commit()
     conn.close()
     return c
@@ -230,6 +231,7 @@ def test_a_schema_1_file_opens_read_only_and_migrates_on_write(tmp_path):
     assert db.conn.execute(views).fetchall() == []
     assert db.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
     assert db.count() == 4 and db.best(BIG, "sm_90a", GPU).schedule == c[2]
+    assert {r["timing"] for r in db.rows()} == {None}      # the old rows: interleaved
     db.record(BIG, "sm_90a", Measurement(c[2], 119.0, None, 120.0), GPU, CONFIRM)
     assert len(db.prior(BIG, "sm_90a", GPU)) == 4
     db.close()
@@ -347,3 +349,28 @@ def test_policy_examples_rank_schedules_by_their_paired_speedup(tmp_path):
     assert plain[broken] == pytest.approx(0.0 - ERROR_MARGIN)
     fused = dict(zip(fused_ex.schedules, fused_ex.rewards))
     assert fused[cool] == pytest.approx(0.0) and fused[hot] == pytest.approx(math.log(20 / 25))
+
+
+def test_own_clock_rows_outrank_interleaved_ones_and_survive_export(tmp_path):
+    """A long call's interleaved rows let a kernel borrow the clock cuBLAS's load sets (H200, session 16:
+    1.045x interleaved, 0.85x alone at 16384x57344x8192). Once a problem has rows timed at their own clock,
+    only they decide its verdict."""
+    from gemmc.search.strategy import SUSTAINED
+    db = TuningDB(tmp_path / "t.sqlite")
+    c = SearchProblem.of(BIG).candidates
+    db.record(BIG, "sm_90a", Measurement(c[0], 100.0, None, 120.0), GPU, "bayes")                 # 1.2x
+    assert db.best(BIG, "sm_90a", GPU).schedule == c[0]
+    db.record(BIG, "sm_90a", Measurement(c[1], 110.0, None, 99.0, timing=SUSTAINED), GPU, "bayes")  # 0.9x
+    best = db.best(BIG, "sm_90a", GPU)
+    assert best.schedule == c[1] and best.speedup == pytest.approx(0.9)
+    assert [m.schedule for m in db.prior(BIG, "sm_90a", GPU, sustained_only=True)] == [c[1]]
+    assert {m.timing for m in db.prior(BIG, "sm_90a", GPU)} == {None, SUSTAINED}
+    db.record(BIG, "sm_90a", Measurement(c[1], 110.0, None, 99.0, timing=SUSTAINED), GPU, CONFIRM)
+    db.record(BIG, "sm_90a", Measurement(c[0], 100.0, None, 120.0), GPU, CONFIRM)
+    assert db.confirmed(BIG, "sm_90a", GPU, sustained_only=True) == {c[1]}
+    assert db.confirmed(BIG, "sm_90a", GPU) == {c[0], c[1]}
+    db.export(tmp_path / "x.json.gz")
+    other = TuningDB(tmp_path / "o.sqlite")
+    assert other.import_(tmp_path / "x.json.gz")["measurements"] == 4
+    assert other.best(BIG, "sm_90a", GPU).schedule == c[1]
+    assert sorted(str(r["timing"]) for r in other.rows()) == ["None", "None", SUSTAINED, SUSTAINED]

@@ -103,7 +103,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="for a shape whose cuBLAS call takes >= 100 us, run each side back to back for S seconds "
                         "before each of its timed units, so a schedule is judged at the power-capped clock its "
                         "own load sets (one that draws more power per call clocks lower); costs about 2 x S x "
-                        "repeats seconds per such measurement (default 0: off)")
+                        "repeats seconds per such measurement. Rows are stored as timed so; where a problem has "
+                        "them, only they rank, and its interleaved rows do not count toward --budget "
+                        "(default 0: off)")
     t.add_argument("--also", type=_schedule_list, default=[], metavar="S1,S2,...",
                    help="also measure these schedules (schedule strings, e.g. 128x16x64_pp_s12_swap) on every "
                         "shape where they are valid, after the search; stored with strategy 'also', extra to "
@@ -209,7 +211,7 @@ def cmd_report(args) -> int:
 
 def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, batch: int, db, builder, runner,
                 gpu_name: str, seed: int = 0, progress: bool = True, symbolic: bool = False,
-                confirm: int = 3, also=(), fresh: bool = False) -> list:
+                confirm: int = 3, also=(), fresh: bool = False, sustained: bool = False) -> list:
     """Tune every shape (resuming from what `db` holds); [(shape, BestEntry | None)].
 
     symbolic: compile each schedule once for symbolic M, N, K (one kernel serves every shape, as in
@@ -222,7 +224,10 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
     confirmations (stored with strategy "also"; extra to `budget`; skipped where stored).
     fresh: only the running gemmc version's rows count toward `budget` and reach the strategy, so a
     kernel change is searched again; older rows stay in the ranking, and the confirmations re-measure
-    the ones that reach the top."""
+    the ones that reach the top.
+    sustained: the runner times long calls at their own clock (`--sustained-s`). On a shape whose stored
+    rows show a call of >= SETTLE_MIN_CALL_US, only rows timed that way count toward `budget`, reach the
+    strategy and count as confirmed (interleaved rows stay, and rank below them: `db.schedule_figures`)."""
     from tqdm import tqdm
 
     from ..schedule import is_valid
@@ -244,6 +249,9 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
         problem = SearchProblem.of(spec, arch)
         # one per schedule: confirm rows add none
         stored = db.prior(spec, arch, gpu_name, version=__version__ if fresh else None)
+        own_clock = sustained and _long_call(stored)
+        if own_clock:
+            stored = db.prior(spec, arch, gpu_name, version=__version__ if fresh else None, sustained_only=True)
         # the strategy sees only its own space (an --also schedule may lie outside it)
         cands = set(problem.candidates)
         prior = [m for m in stored if m.schedule in cands]
@@ -264,7 +272,7 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
             evaluate(todo, ALSO)
         if confirm > 0:
             bar.set_postfix_str(f"{sh} confirm")
-            _confirm(spec, arch, gpu_name, confirm, db, bar, evaluate)
+            _confirm(spec, arch, gpu_name, confirm, db, bar, evaluate, sustained_only=own_clock)
         summary.append((sh, db.best(spec, arch, gpu_name)))
     bar.close()
     return summary
@@ -278,14 +286,20 @@ def _build_and_measure(schedules, spec, kspec, arch, builder, runner, db, gpu_na
             m = Measurement(b.schedule, None, b.error, compile_s=b.compile_s)
         else:
             r = runner.measure(spec, b.schedule, arch, kspec)
-            m = Measurement(b.schedule, r.time_us, r.error, r.cublas_us, b.compile_s)
+            m = Measurement(b.schedule, r.time_us, r.error, r.cublas_us, b.compile_s, r.timing)
         db.record(spec, arch, m, gpu_name, label)   # one transaction each
         bar.update(1)
         out.append(m)
     return out
 
 
-def _confirm(spec, arch, gpu_name, n, db, bar, evaluate) -> None:
+def _long_call(stored) -> bool:
+    """Do the stored rows show a call long enough for `--sustained-s` to time it at its own clock?"""
+    from ..bench.timing import SETTLE_MIN_CALL_US
+    return any(m.cublas_us is not None and m.cublas_us >= SETTLE_MIN_CALL_US for m in stored)
+
+
+def _confirm(spec, arch, gpu_name, n, db, bar, evaluate, sustained_only: bool = False) -> None:
     """Re-measure the search's `n` best schedules that have no confirm row yet (see tune_shapes). Then,
     while the `n` best overall hold a schedule measured once, or one whose two paired rows disagree by
     more than CONFIRM_SPREAD, or one measured only by an older gemmc (stale), measure it again: from
@@ -294,7 +308,7 @@ def _confirm(spec, arch, gpu_name, n, db, bar, evaluate) -> None:
     finds those stored."""
     from .db import CONFIRM
     top = [f.schedule for f in db.ranked_schedules(spec, arch, gpu_name, search_only=True)[:n]]
-    done = db.confirmed(spec, arch, gpu_name)
+    done = db.confirmed(spec, arch, gpu_name, sustained_only)
     todo = [s for s in top if s not in done]
     bar.update(n - len(todo))        # stored by an earlier run, or fewer than n schedules ran
     for m in evaluate(todo, CONFIRM) if todo else ():
@@ -356,7 +370,7 @@ def cmd_tune(args) -> int:
         summary = tune_shapes(shapes, dtype=args.dtype, arch=args.arch, strategy=args.strategy, budget=args.budget,
                               batch=args.batch, db=db, builder=builder, runner=runner, gpu_name=gpu, seed=args.seed,
                               symbolic=args.symbolic, confirm=args.confirm, also=args.also,
-                              fresh=args.fresh)
+                              fresh=args.fresh, sustained=args.sustained_s > 0)
     if not args.no_train_policy and args.strategy != "rl":
         from .rl import train_policy_from_db
         try:

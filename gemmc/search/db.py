@@ -35,9 +35,10 @@ from .. import __version__
 from ..schedule import Schedule
 from ..spec import GemmSpec
 from ..types import as_arch
-from .strategy import Measurement, schedule_key
+from .strategy import SUSTAINED, Measurement, schedule_key
 
-SCHEMA_VERSION = 2      # 2: the min-time view best_per_problem is gone (the verdict is paired, in Python)
+SCHEMA_VERSION = 3      # 2: the min-time view best_per_problem is gone (the verdict is paired, in Python);
+                        # 3: a measurement's `timing` (own-clock rows of long calls outrank interleaved ones)
 CONFIRM = "confirm"     # the strategy of the rows `gemmc-search tune` re-measures after a search
 # two paired rows of one schedule whose speedups differ by more than this (relative) get a third
 # (`gemmc-search tune`): H200 cuBLAS runs of one shape read up to 7% apart between measurements
@@ -55,7 +56,8 @@ CREATE TABLE IF NOT EXISTS measurements (
     arch TEXT NOT NULL, gpu_name TEXT NOT NULL,
     schedule TEXT NOT NULL,           -- canonical JSON of the Schedule
     time_us REAL, cublas_us REAL, compile_s REAL, error TEXT,
-    strategy TEXT, gemmc_version TEXT NOT NULL, created_at REAL NOT NULL
+    strategy TEXT, gemmc_version TEXT NOT NULL, created_at REAL NOT NULL,
+    timing TEXT                       -- 'sustained': each side timed at its own power-capped clock; NULL: interleaved
 );
 CREATE INDEX IF NOT EXISTS measurements_problem ON measurements (problem, gpu_name);
 CREATE TABLE IF NOT EXISTS policies (
@@ -66,7 +68,7 @@ CREATE TABLE IF NOT EXISTS policies (
 
 _COLUMNS = ("problem", "m", "n", "k", "batch", "dtype", "out_dtype", "acc_dtype", "a_layout", "b_layout",
             "epilogue_class", "arch", "gpu_name", "schedule", "time_us", "cublas_us", "compile_s", "error",
-            "strategy", "gemmc_version", "created_at")
+            "strategy", "gemmc_version", "created_at", "timing")
 
 
 def default_path() -> Path:
@@ -141,9 +143,20 @@ class ScheduleFigure:
         return self.n_rows == 2 and self.cublas_us is not None and self.spread > CONFIRM_SPREAD
 
 
+def _timing(r) -> Optional[str]:
+    """A row's `timing`; None for a row of a schema-2 file opened read-only (no such column)."""
+    return r["timing"] if "timing" in r.keys() else None
+
+
 def schedule_figures(rows: Iterable) -> list[ScheduleFigure]:
     """Per schedule, from successful rows of ONE problem on ONE GPU (mappings with id, schedule, time_us,
-    cublas_us and gemmc_version): only the rows of the newest version that measured the schedule count."""
+    cublas_us and gemmc_version): only the rows of the newest version that measured the schedule count.
+    Where the problem has rows timed at their own clock (`timing` SUSTAINED: a long call, each side run
+    alone under the power cap), only those count: interleaved units let a kernel that spends more energy
+    per call borrow the clock cuBLAS's load sets, so their verdict does not hold in a long job."""
+    rows = list(rows)
+    if any(_timing(r) == SUSTAINED for r in rows):
+        rows = [r for r in rows if _timing(r) == SUSTAINED]
     parsed: dict[str, Schedule] = {}
     by_schedule: dict[Schedule, list] = {}    # by the Schedule, not its JSON: as `TuningDB.prior` does
     for r in sorted(rows, key=lambda r: r["id"]):
@@ -229,7 +242,11 @@ class TuningDB:
             self._migrate()
 
     def _migrate(self) -> None:
-        """Bring a schema-1 file up to date (its rows are kept as they are); a newer file is left alone."""
+        """Bring a schema-1 or -2 file up to date (its rows are kept as they are, interleaved); a newer file is
+        left alone."""
+        columns = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
+        if "timing" not in columns:
+            self.conn.execute("ALTER TABLE measurements ADD COLUMN timing TEXT")
         row = self.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is not None and int(row[0]) >= SCHEMA_VERSION:
             return
@@ -260,7 +277,7 @@ class TuningDB:
                "cublas_us": m.cublas_us, "compile_s": m.compile_s,
                "error": m.error if m.error is not None or m.ok else "no time",
                "strategy": strategy, "gemmc_version": __version__,
-               "created_at": created_at if created_at is not None else time.time()}
+               "created_at": created_at if created_at is not None else time.time(), "timing": m.timing}
         with self.conn:
             cur = self.conn.execute(f"INSERT INTO measurements ({', '.join(_COLUMNS)}) VALUES "
                                     f"({', '.join('?' * len(_COLUMNS))})", [row[c] for c in _COLUMNS])
@@ -268,9 +285,10 @@ class TuningDB:
 
     # ---- reading ------------------------------------------------------------------------------
     def prior(self, spec: GemmSpec, arch: str, gpu_name: Optional[str] = None,
-              version: Optional[str] = None) -> list[Measurement]:
+              version: Optional[str] = None, sustained_only: bool = False) -> list[Measurement]:
         """Stored measurements of this problem (the latest per schedule): a resumed run starts from these.
-        version: only the rows that gemmc version measured."""
+        version: only the rows that gemmc version measured. sustained_only: only rows timed at their own
+        clock (`timing` SUSTAINED)."""
         q = "SELECT * FROM measurements WHERE problem = ?"
         args: list = [problem_key(spec, arch)]
         if gpu_name is not None:
@@ -279,10 +297,13 @@ class TuningDB:
         if version is not None:
             q += " AND gemmc_version = ?"
             args.append(version)
+        if sustained_only:
+            q += " AND timing = ?"
+            args.append(SUSTAINED)
         out: dict[Schedule, Measurement] = {}
         for r in self.conn.execute(q + " ORDER BY id", args):
             s = Schedule.from_dict(json.loads(r["schedule"]))
-            out[s] = Measurement(s, r["time_us"], r["error"], r["cublas_us"], r["compile_s"])
+            out[s] = Measurement(s, r["time_us"], r["error"], r["cublas_us"], r["compile_s"], _timing(r))
         return list(out.values())
 
     def _ok_rows(self, where: str, args: Iterable) -> list[sqlite3.Row]:
@@ -328,10 +349,12 @@ class TuningDB:
         args = [problem_key(spec, arch), gpu_name] + ([CONFIRM] if search_only else [])
         return rank_by_verdict(schedule_figures(self._ok_rows(where, args)), tiebreak=lambda f: f.first_id)
 
-    def confirmed(self, spec: GemmSpec, arch: str, gpu_name: str) -> set[Schedule]:
-        """Schedules of this problem with a confirm row on `gpu_name` (failed ones too: never retried)."""
+    def confirmed(self, spec: GemmSpec, arch: str, gpu_name: str, sustained_only: bool = False) -> set[Schedule]:
+        """Schedules of this problem with a confirm row on `gpu_name` (failed ones too: never retried);
+        sustained_only: a confirm row timed at its own clock."""
         rows = self.conn.execute("SELECT DISTINCT schedule FROM measurements WHERE problem = ? AND gpu_name = ? "
-                                 "AND strategy = ?", (problem_key(spec, arch), gpu_name, CONFIRM))
+                                 "AND strategy = ?" + (" AND timing = ?" if sustained_only else ""),
+                                 (problem_key(spec, arch), gpu_name, CONFIRM) + ((SUSTAINED,) if sustained_only else ()))
         return {Schedule.from_dict(json.loads(r[0])) for r in rows}
 
     def count(self) -> int:

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 from ..schedule import Schedule
 from ..spec import GemmSpec
-from .strategy import Measurement
+from .strategy import SUSTAINED, Measurement
 
 MeasureFn = Callable[[GemmSpec, Schedule, str], Measurement]
 
@@ -75,4 +75,5 @@ class Runner:
         # cublas_us is the cuBLAS time paired with this gemmc time: gemmc median x the median per-repeat
         # ratio, so the DB's cublas_us / time_us is the bench's drift-proof ratio
         gemmc_us = rec["gemmc_us"]["median"]
-        return Measurement(schedule, gemmc_us, None, cublas_us=gemmc_us * rec["ratio"])
+        return Measurement(schedule, gemmc_us, None, cublas_us=gemmc_us * rec["ratio"],
+                           timing=SUSTAINED if rec.get("sustained") else None)

@@ -29,10 +29,14 @@ class Measurement:
     error: Optional[str] = None
     cublas_us: Optional[float] = None
     compile_s: Optional[float] = None
+    timing: Optional[str] = None      # SUSTAINED: each side timed at its own power-capped clock; None: interleaved
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.time_us is not None and math.isfinite(self.time_us) and self.time_us > 0
+
+
+SUSTAINED = "sustained"     # Measurement.timing of a call timed by `--sustained-s` (bench_shape's `sustained`)
 
 
 @dataclass(frozen=True)
