@@ -418,7 +418,7 @@ def test_tune_also_rejects_a_bad_schedule_string_and_another_arch(tmp_path, caps
     assert "--arch sm_80" in capsys.readouterr().err
 
 
-def test_tune_sustained_searches_a_long_call_again_at_its_own_clock(tmp_path):
+def test_tune_sustained_searches_a_long_call_again_at_its_own_clock(tmp_path, capsys):
     """`tune --sustained-s`: on a long call (cuBLAS >= 100 us) the stored interleaved rows neither count
     toward the budget nor reach the strategy; the new rows are stored as sustained and, once present, alone
     decide the verdict. A short call keeps its rows (`--sustained-s` times it interleaved anyway)."""
@@ -446,11 +446,23 @@ def test_tune_sustained_searches_a_long_call_again_at_its_own_clock(tmp_path):
     tune_shapes([long, short], budget=4, runner=Runner(measure_fn=measure_for(True)), sustained=True, **kw)
     rows = db.rows()
     long_rows = [r for r in rows if r["m"] == 4096]
-    # searched again: 4 more rows (the inline builder fails split_k=4 ones), every timed one at its own clock
-    assert len(long_rows) == 8
+    first = long_rows[:4]
+    failed = sum(r["error"] is not None for r in first)      # the inline builder fails split_k=4 schedules
+    assert 0 < failed < 4 and all(r["timing"] is None for r in first)
+    # searched again: the timed rows no longer count toward the budget, the failures still do
+    assert len(long_rows) == 8 - failed
     assert {r["timing"] for r in long_rows[4:] if r["error"] is None} == {SUSTAINED}
-    assert all(r["timing"] is None for r in long_rows[:4])
+    timed_again = {r["schedule"] for r in long_rows[4:]}
+    assert not timed_again & {r["schedule"] for r in first if r["error"] is not None}   # not retried
     assert sum(r["m"] == 64 for r in rows) == 4 and all(r["timing"] is None for r in rows if r["m"] == 64)
     best = db.best(gemmc.GemmSpec(4096, 4096, 4096), "sm_90a", "fake")
     assert best.speedup == pytest.approx(0.9) and best.n_rows == 1     # only the own-clock rows rank
     assert db.best(gemmc.GemmSpec(64, 4096, 4096), "sm_90a", "fake").speedup == pytest.approx(1.2)
+    assert best.own_clock and not db.best(gemmc.GemmSpec(64, 4096, 4096), "sm_90a", "fake").own_clock
+    db.close()
+    assert main(["--db", str(tmp_path / "t.sqlite"), "report", "--json"]) == 0
+    report = {(r["m"], r["k"]): r for r in json.loads(capsys.readouterr().out)}
+    assert report[(4096, 4096)]["timing"] == "sustained" and report[(64, 4096)]["timing"] == "interleaved"
+    assert main(["--db", str(tmp_path / "t.sqlite"), "report"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("[own clock]") == 2 and "timed by `tune --sustained-s`" in text   # the row and the note

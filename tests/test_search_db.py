@@ -368,9 +368,12 @@ def test_own_clock_rows_outrank_interleaved_ones_and_survive_export(tmp_path):
     db.record(BIG, "sm_90a", Measurement(c[1], 110.0, None, 99.0, timing=SUSTAINED), GPU, CONFIRM)
     db.record(BIG, "sm_90a", Measurement(c[0], 100.0, None, 120.0), GPU, CONFIRM)
     assert db.confirmed(BIG, "sm_90a", GPU, sustained_only=True) == {c[1]}
-    assert db.confirmed(BIG, "sm_90a", GPU) == {c[0], c[1]}
+    db.record(BIG, "sm_90a", Measurement(c[2], None, "check: wrong"), GPU, CONFIRM)   # fails whatever the clock
+    assert db.confirmed(BIG, "sm_90a", GPU, sustained_only=True) == {c[1], c[2]}
+    assert {m.schedule for m in db.prior(BIG, "sm_90a", GPU, sustained_only=True)} == {c[1], c[2]}
+    assert db.confirmed(BIG, "sm_90a", GPU) == {c[0], c[1], c[2]}
     db.export(tmp_path / "x.json.gz")
     other = TuningDB(tmp_path / "o.sqlite")
-    assert other.import_(tmp_path / "x.json.gz")["measurements"] == 4
+    assert other.import_(tmp_path / "x.json.gz")["measurements"] == 5
     assert other.best(BIG, "sm_90a", GPU).schedule == c[1]
-    assert sorted(str(r["timing"]) for r in other.rows()) == ["None", "None", SUSTAINED, SUSTAINED]
+    assert sorted(str(r["timing"]) for r in other.rows()) == ["None"] * 3 + [SUSTAINED] * 2

@@ -181,7 +181,7 @@ def cmd_report(args) -> int:
         print(json.dumps([{**e.fields, "gpu": e.gpu_name, "schedule": e.schedule.to_dict(), "time_us": e.time_us,
                            "cublas_us": e.cublas_us, "speedup": e.speedup, "paired": e.cublas_us is not None,
                            "rows": e.n_rows, "measured": e.n_measured, "gemmc_version": e.version,
-                           "stale": e.stale}
+                           "stale": e.stale, "timing": "sustained" if e.own_clock else "interleaved"}
                           for e in rows]))
         return 0
     if not rows:
@@ -197,11 +197,13 @@ def cmd_report(args) -> int:
         shape = f"{f['m']}x{f['n']}x{f['k']}" + (f" L{f['batch']}" if f['batch'] else "")
         print(f"{shape:>20} {f['dtype']:>5} {f['epilogue_class'][:10]:>10} {e.time_us:10.2f} "
               f"{cub:>10} {sp:>8} {e.n_rows:4d} {e.n_measured:4d}  {e.schedule.short()}"
-              + (f"  (gemmc {e.version})" if e.stale else ""))
+              + (f"  (gemmc {e.version})" if e.stale else "") + ("  [own clock]" if e.own_clock else ""))
     sps = [e.speedup for e in rows if e.speedup]
     if sps:
         print(_geomean_line(sps, f" over {len(sps)} problems"))
-    print(f"{PAIRED_NOTE} n = the problem's successful measurements.")
+    print(f"{PAIRED_NOTE} n = the problem's successful measurements."
+          + (" [own clock]: timed by `tune --sustained-s`, each side at the power-capped clock its own load "
+             "sets; those rows alone rank their problem." if any(e.own_clock for e in rows) else ""))
     stale = [e for e in rows if e.stale]
     if stale:
         print(f"{len(stale)} of the picks rest on measurements of an older gemmc (marked), whose kernels may have "
@@ -336,7 +338,7 @@ def print_summary(summary) -> None:
             continue
         sp = f"{e.speedup:.3f}" if e.speedup else "-"
         print(f"{str(sh):>20} {e.time_us:10.2f} {e.cublas_us or float('nan'):10.2f} {sp:>8} {e.n_rows:4d}  "
-              f"{e.schedule.short()}")
+              f"{e.schedule.short()}" + ("  [own clock]" if e.own_clock else ""))
     sps = [e.speedup for _, e in summary if e and e.speedup]
     if sps:
         print(_geomean_line(sps, f" over {len(sps)} shapes"))

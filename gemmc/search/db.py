@@ -127,6 +127,7 @@ class ScheduleFigure:
     first_id: int           # ties go to the schedule measured first
     spread: float = 0.0     # max / min - 1 of the paired rows' speedups (0 with fewer than two)
     version: str = __version__  # the gemmc version of the rows behind the figure (the newest that measured it)
+    own_clock: bool = False     # the rows were timed at their own power-capped clock (`timing` SUSTAINED)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -144,7 +145,7 @@ class ScheduleFigure:
 
 
 def _timing(r) -> Optional[str]:
-    """A row's `timing`; None for a row of a schema-2 file opened read-only (no such column)."""
+    """A row's `timing`; None for a row of an older file opened read-only (no such column)."""
     return r["timing"] if "timing" in r.keys() else None
 
 
@@ -155,7 +156,8 @@ def schedule_figures(rows: Iterable) -> list[ScheduleFigure]:
     alone under the power cap), only those count: interleaved units let a kernel that spends more energy
     per call borrow the clock cuBLAS's load sets, so their verdict does not hold in a long job."""
     rows = list(rows)
-    if any(_timing(r) == SUSTAINED for r in rows):
+    own_clock = any(_timing(r) == SUSTAINED for r in rows)
+    if own_clock:
         rows = [r for r in rows if _timing(r) == SUSTAINED]
     parsed: dict[str, Schedule] = {}
     by_schedule: dict[Schedule, list] = {}    # by the Schedule, not its JSON: as `TuningDB.prior` does
@@ -178,7 +180,7 @@ def schedule_figures(rows: Iterable) -> list[ScheduleFigure]:
         else:
             time_us = _geomean([r["time_us"] for r in use])
             cublas_us = _geomean([r["cublas_us"] for r in paired]) if paired else None
-        out.append(ScheduleFigure(schedule, time_us, cublas_us, len(use), rs[0]["id"], spread, version))
+        out.append(ScheduleFigure(schedule, time_us, cublas_us, len(use), rs[0]["id"], spread, version, own_clock))
     return out
 
 
@@ -209,6 +211,7 @@ class BestEntry:
     n_measured: int         # successful rows of the problem on this GPU, every schedule
     n_rows: int = 1         # rows of this schedule behind time_us and cublas_us
     version: str = __version__  # the gemmc version of those rows
+    own_clock: bool = False     # those rows were timed at their own power-capped clock (`--sustained-s`)
 
     @property
     def speedup(self) -> Optional[float]:
@@ -288,7 +291,7 @@ class TuningDB:
               version: Optional[str] = None, sustained_only: bool = False) -> list[Measurement]:
         """Stored measurements of this problem (the latest per schedule): a resumed run starts from these.
         version: only the rows that gemmc version measured. sustained_only: only rows timed at their own
-        clock (`timing` SUSTAINED)."""
+        clock (`timing` SUSTAINED), and failures (a schedule that failed to build or check fails either way)."""
         q = "SELECT * FROM measurements WHERE problem = ?"
         args: list = [problem_key(spec, arch)]
         if gpu_name is not None:
@@ -298,7 +301,7 @@ class TuningDB:
             q += " AND gemmc_version = ?"
             args.append(version)
         if sustained_only:
-            q += " AND timing = ?"
+            q += " AND (timing = ? OR time_us IS NULL)"
             args.append(SUSTAINED)
         out: dict[Schedule, Measurement] = {}
         for r in self.conn.execute(q + " ORDER BY id", args):
@@ -322,7 +325,7 @@ class TuningDB:
                 continue
             top = ranked[0]
             out.append(BestEntry({c: rows[0][c] for c in _FIELDS}, gpu, top.schedule, top.time_us, top.cublas_us,
-                                 len(rows), top.n_rows, top.version))
+                                 len(rows), top.n_rows, top.version, top.own_clock))
         return sorted(out, key=lambda e: (e.fields["m"], e.fields["n"], e.fields["k"], e.gpu_name,
                                           json.dumps(e.fields, sort_keys=True)))
 
@@ -351,9 +354,10 @@ class TuningDB:
 
     def confirmed(self, spec: GemmSpec, arch: str, gpu_name: str, sustained_only: bool = False) -> set[Schedule]:
         """Schedules of this problem with a confirm row on `gpu_name` (failed ones too: never retried);
-        sustained_only: a confirm row timed at its own clock."""
+        sustained_only: a confirm row timed at its own clock, or a failed one."""
         rows = self.conn.execute("SELECT DISTINCT schedule FROM measurements WHERE problem = ? AND gpu_name = ? "
-                                 "AND strategy = ?" + (" AND timing = ?" if sustained_only else ""),
+                                 "AND strategy = ?" + (" AND (timing = ? OR time_us IS NULL)" if sustained_only
+                                                       else ""),
                                  (problem_key(spec, arch), gpu_name, CONFIRM) + ((SUSTAINED,) if sustained_only else ()))
         return {Schedule.from_dict(json.loads(r[0])) for r in rows}
 
