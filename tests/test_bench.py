@@ -519,6 +519,10 @@ def test_table_lists_every_shape_with_numbers_and_failures():
     assert f"{stats.tflops(2.0 * 4096 ** 3, 180.0):.1f}" in lines[2]
     assert "0.933" in lines[3]
     assert "CHECK_FAILED: relative Frobenius error" in lines[4]
+    assert "[own clock]" not in table
+    held = [dict(r, sustained=True) if r["shape"] == "8192x8192x8192" else r for r in _recorded_results()]
+    marked = report.format_table(held).splitlines()
+    assert marked[3].endswith("128x256x64_c1x2_coop_sauto_rn_sw8_k1  [own clock]") and "[own clock]" not in marked[2]
 
 
 def test_json_report_round_trips_with_nan_as_null(tmp_path):

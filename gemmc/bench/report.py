@@ -190,8 +190,9 @@ def format_table(results: Sequence[dict]) -> str:
         if r.get("status") == "ok":
             g = r["gemmc_us"]
             spread = f"±{100 * (g['q3'] - g['q1']) / (2 * g['median']):.1f}%" if g["median"] else "-"
+            # own clock (--sustained-s): each side timed alone at the power-capped clock its own load sets
             rows.append((r["shape"], _fmt(r["gemmc_tflops"]), _fmt(r["cublas_tflops"]), _fmt(r["ratio"], ".3f"),
-                         spread, r.get("schedule") or "-"))
+                         spread, (r.get("schedule") or "-") + ("  [own clock]" if r.get("sustained") else "")))
         else:
             err = (r.get("error") or "").splitlines()[0] if r.get("error") else ""
             rows.append((r["shape"], "-", _fmt(r.get("cublas_tflops")), "-", "-",
