@@ -71,9 +71,8 @@ def smi_device(props) -> str:
 def run_window(unit, clock, seconds: float, launches: int, gpu: str) -> tuple[float, list]:
     """Replay `unit` for SETTLE_S unsampled, then for the rest of `seconds` under an nvidia-smi sampler:
     (us per call over the sampled part, its samples)."""
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < SETTLE_S:
-        clock.time_ms(unit)
+    from gemmc.bench.timing import settle
+    settle(unit, clock, SETTLE_S)
     smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits",
                             "-lms", "50", "-i", gpu], stdout=subprocess.PIPE, text=True)
     ms, units = 0.0, 0

@@ -245,30 +245,32 @@ def launch_count(est_us: float, n_sets: int, cfg: TimingConfig) -> int:
     return max(n_sets, min(cfg.max_launches, max(cfg.min_launches, want)))
 
 
-def time_sustained(units: dict, clock: Clock, repeats: int, seconds: float) -> dict:
-    """ms per unit, for each named unit: before every sample the unit runs back to back for `seconds`, so
-    the GPU's clock has settled to what that unit alone draws. The order alternates every repeat."""
+def _alternating_samples(units: dict, clock: Clock, repeats: int, hold_s: float = 0.0) -> dict:
+    """ms per unit, for each named unit, `repeats` samples each, the order reversed every repeat so neither
+    side always runs first; hold_s > 0 runs a unit back to back that long before each of its samples."""
     names = list(units)
     samples = {name: [] for name in names}
     for r in range(repeats):
         for name in (names if r % 2 == 0 else names[::-1]):
-            settle(units[name], clock, seconds)
+            if hold_s > 0:
+                settle(units[name], clock, hold_s)
             samples[name].append(clock.time_ms(units[name]))
     return samples
+
+
+def time_sustained(units: dict, clock: Clock, repeats: int, seconds: float) -> dict:
+    """ms per unit, for each named unit: before every sample the unit runs back to back for `seconds`, so
+    the GPU's clock has settled to what that unit alone draws. The order alternates every repeat."""
+    return _alternating_samples(units, clock, repeats, hold_s=seconds)
 
 
 def time_interleaved(units: dict, clock: Clock, repeats: int, warmup: int = 1) -> dict:
     """ms per unit, for each named unit, alternating the order every repeat so neither side
     always runs first (clock boost, L2 and power state are shared)."""
-    names = list(units)
     for _ in range(warmup):
-        for name in names:
+        for name in units:
             clock.time_ms(units[name])
-    samples = {name: [] for name in names}
-    for r in range(repeats):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            samples[name].append(clock.time_ms(units[name]))
-    return samples
+    return _alternating_samples(units, clock, repeats)
 
 
 def unit_calls(fn: Kernel, sets: InputSets, outs: list, launches: int, host_timing: bool) -> list:
@@ -330,11 +332,12 @@ def bench_shape(shape: Shape, kernel: Kernel, sets: InputSets, clock: Clock, cfg
         sides["cublas_aa"] = (cublas, sets.out_gemmc)
     units, launches, est_us = prepare_units(sides, sets, clock, cfg, cublas, cfg.host_timing)
     rec["settle_units"] = 0
-    rec["sustained"] = cfg.sustained_s > 0 and est_us >= SETTLE_MIN_CALL_US
+    long_call = est_us >= SETTLE_MIN_CALL_US
+    rec["sustained"] = cfg.sustained_s > 0 and long_call
     if rec["sustained"]:
         ms = time_sustained(units, clock, cfg.repeats, cfg.sustained_s)
     else:
-        if cfg.settle_s > 0 and est_us >= SETTLE_MIN_CALL_US:
+        if cfg.settle_s > 0 and long_call:
             rec["settle_units"] = settle(units["cublas"], clock, cfg.settle_s)
         ms = time_interleaved(units, clock, cfg.repeats, cfg.warmup)
     rec["launches"] = launches

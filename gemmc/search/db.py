@@ -144,6 +144,10 @@ class ScheduleFigure:
         return self.n_rows == 2 and self.cublas_us is not None and self.spread > CONFIRM_SPREAD
 
 
+# rows timed at their own clock, and failures (a schedule that fails to build or check fails either way)
+_OWN_CLOCK_OR_FAILED = " AND (timing = ? OR time_us IS NULL)"
+
+
 def _timing(r) -> Optional[str]:
     """A row's `timing`; None for a row of an older file opened read-only (no such column)."""
     return r["timing"] if "timing" in r.keys() else None
@@ -301,7 +305,7 @@ class TuningDB:
             q += " AND gemmc_version = ?"
             args.append(version)
         if sustained_only:
-            q += " AND (timing = ? OR time_us IS NULL)"
+            q += _OWN_CLOCK_OR_FAILED
             args.append(SUSTAINED)
         out: dict[Schedule, Measurement] = {}
         for r in self.conn.execute(q + " ORDER BY id", args):
@@ -356,8 +360,7 @@ class TuningDB:
         """Schedules of this problem with a confirm row on `gpu_name` (failed ones too: never retried);
         sustained_only: a confirm row timed at its own clock, or a failed one."""
         rows = self.conn.execute("SELECT DISTINCT schedule FROM measurements WHERE problem = ? AND gpu_name = ? "
-                                 "AND strategy = ?" + (" AND (timing = ? OR time_us IS NULL)" if sustained_only
-                                                       else ""),
+                                 "AND strategy = ?" + (_OWN_CLOCK_OR_FAILED if sustained_only else ""),
                                  (problem_key(spec, arch), gpu_name, CONFIRM) + ((SUSTAINED,) if sustained_only else ()))
         return {Schedule.from_dict(json.loads(r[0])) for r in rows}
 
