@@ -1,4 +1,5 @@
 """The schedule tables shipped with gemmc (gemmc/pretuned.py) and their place in schedule="auto"."""
+import gzip
 import json
 import subprocess
 import sys
@@ -19,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = sorted((ROOT / "bench" / "data").glob("2026-11-30-h200-sweep*.jsonl.gz"))
 H200 = "NVIDIA H200"
 TUNED = [ROOT / "bench" / "results" / "2026-12-01-h200-llm-tuning-db-session10.json",  # gemmc-search exports
-         ROOT / "bench" / "results" / "2026-12-01-h200-tuning-db-session15.json"]     # 128x4096x14336 on 0.3.3
+         ROOT / "bench" / "results" / "2026-12-01-h200-tuning-db-session15.json",     # 128x4096x14336 on 0.3.3
+         ROOT / "bench" / "results" / "2026-12-01-h200-tuning-db-session17.json"]     # sw8 256x160, own clock
 CHECKS = ([ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-session11{part}.json"
            for part in ("-set3", "-set4", "")]
           + [ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-session12-{part}.json"
@@ -47,7 +49,7 @@ def test_the_h200_table_is_built_from_the_committed_sweeps(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text()) == json.loads((DATA_DIR / "h200.json").read_text())
     assert "100 shapes" in proc.stdout and "64 shapes from the tuning DB" in proc.stdout
-    assert "422 checks" in proc.stdout and "21 shapes timed sustained; cuBLAS faster on 6" in proc.stdout
+    assert "422 checks" in proc.stdout and "16 shapes timed sustained; cuBLAS faster on 2" in proc.stdout
 
 
 def test_each_entry_is_the_best_refined_ratio_of_its_shape():
@@ -275,13 +277,31 @@ def test_long_calls_take_the_verdict_of_their_sustained_timing(tmp_path):
                and "dispatch" not in r["schedule_dict"] and r["ratio"] < 1}
     assert flipped == {(4096, 10240, 8192), (4096, 57344, 8192), (16384, 28672, 4096), (16384, 8192, 8192),
                        (16384, 57344, 8192), (16384, 8192, 28672)}
-    assert all(t.entries[key].cublas_faster for key in flipped)
+    # each flipped shape runs torch.matmul, unless session 17's own-clock tune found a schedule that wins there
+    retuned = {key for key in flipped
+               if Schedule.from_dict(rows[key]["schedule_dict"]) != t.entries[key].schedule}
+    assert retuned == {(4096, 10240, 8192), (4096, 57344, 8192), (16384, 8192, 8192), (16384, 8192, 28672)}
+    assert all(t.entries[key].cublas_faster for key in flipped - retuned)
     d = resolve_auto(gemmc.GemmSpec(16384, 57344, 8192), "sm_90a", db=tmp_path / "none.sqlite", gpu_name=H200)
     assert d.use_cublas
     short = rows[(1024, 4096, 4096)]                       # 46 us a call: timed interleaved, entry untouched
     assert not short["sustained"] and t.entries[(1024, 4096, 4096)].time_us != short["gemmc_us"]["median"]
     kept = t.entries[(1024, 57344, 8192)]                  # 256x160 c1x2: wins sustained too (1.027x)
     assert not kept.cublas_faster and kept.schedule.short().startswith("256x160x64_c1x2_coop")
+
+
+def test_own_clock_tune_rows_replace_the_entries_they_beat():
+    """Session 17 (H200, `gemmc-search tune --sustained-s 1 --also 256x160 c1x2 sw8`): with a grouped raster
+    (8 tiles) 256x160 c1x2 clocks with cuBLAS at M = 16384, where the unswizzled picks pulled 3-4 DRAM bytes per
+    kFLOP and clocked lower. Its own-clock rows replace the entries; where they still lose, torch.matmul runs."""
+    db = json.loads(gzip.decompress(TUNED[2].read_bytes()))     # `gemmc-search export` writes gzip
+    assert all(r["timing"] == "sustained" for r in db["measurements"] if r["time_us"])
+    t = h200()
+    for key in ((4096, 10240, 8192), (4096, 57344, 8192), (16384, 4096, 14336), (16384, 8192, 8192)):
+        e = t.entries[key]
+        assert e.schedule.short().startswith("256x160x64_c1x2_coop") and e.schedule.swizzle == 8
+        assert not e.cublas_faster and 1.0 < e.cublas_us / e.time_us < 1.03
+    assert t.entries[(16384, 8192, 28672)].cublas_faster       # 0.999x at its own clock: cuBLAS runs
 
 
 def test_the_build_script_takes_sustained_times_only_from_sustained_benches(tmp_path):
