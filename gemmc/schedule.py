@@ -160,8 +160,16 @@ def accumulator_regs(s: Schedule, spec: GemmSpec) -> int:
     return math.ceil(bm * bn / threads / per_reg)
 
 
+def splits_n(s: Schedule) -> bool:
+    """A cooperative SM90 tile of 192 rows (three 64-row WGMMAs) cannot be halved by rows: its two consumer
+    warpgroups take half the columns each instead."""
+    return s.arch == "sm_90a" and s.mode == "cooperative" and s.tile[0] == 192
+
+
 def epilogue_tile(s: Schedule) -> tuple[int, int]:
     bm, bn, _ = s.tile
+    if splits_n(s):     # each sub-tile spans both warpgroups' columns: every thread holds part of each
+        return 64, bn
     rows = min(bm, 128) if s.mode == "cooperative" else min(bm, 64)
     return rows, min(bn, EPI_TILE_N)
 
@@ -271,9 +279,20 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
 
     # tile and MMA instruction-shape divisibility
     if sm90:
-        if s.mode == "cooperative" and bm not in (128, 256):
-            add("tile M (cooperative)", bm, "two consumer warpgroups split the tile in 64-row WGMMAs: use 128 or 256, "
-                "or mode='pingpong' for 64")
+        if s.mode == "cooperative" and bm not in (128, 192, 256):
+            add("tile M (cooperative)", bm, "two consumer warpgroups split the tile in 64-row WGMMAs: use 128, 192 "
+                "or 256, or mode='pingpong' for 64")
+        if splits_n(s):
+            if s.swap_ab or s.split_k > 1:
+                add("tile M 192", (s.swap_ab, s.split_k), "a 192-row tile splits its columns between the two "
+                    "consumer warpgroups, which the swapped store and the split-K fix-up do not: use swap_ab=False "
+                    "and split_k=1, or a 128- or 256-row tile")
+            if bn % 32:
+                add("tile N (192-row tile)", bn, "each consumer warpgroup takes BN/2 columns in 16-column WGMMA "
+                    "steps: use a multiple of 32")
+            if (spec.a_layout, spec.b_layout) != ("mk", "nk"):
+                add("layouts (192-row tile)", (spec.a_layout, spec.b_layout), "192-row tiles are built and "
+                    "checked for K-major A [M, K] and B [N, K] only: use a 128- or 256-row tile")
         if s.mode == "pingpong" and bm not in (64, 128):
             add("tile M (pingpong)", bm, "each consumer warpgroup owns a whole tile: use 64 or 128")
         if s.swap_ab:    # stored from registers, so an 8-wide activation tile works too

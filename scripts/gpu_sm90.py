@@ -50,6 +50,11 @@ EPI_ACTS = dict(
               EpilogueOp("cast", (N(7),), (("dtype", "f16"),))),
 )
 
+EPI_BIAS_RELU_RES = dict(
+    inputs=(EpilogueInput("bias", "row", "bf16"), EpilogueInput("res", "full", "bf16")),
+    epilogue=(EpilogueOp("add", (A(), I("bias"))), EpilogueOp("relu", (N(0),)), EpilogueOp("add", (N(1), I("res")))),
+)
+
 S = Schedule
 # name -> (spec kwargs, schedule)
 VARIANTS = {
@@ -83,6 +88,9 @@ VARIANTS = {
     "coop_tt_128x224_c2x1": (dict(b_layout="kn"), S((128, 224, 64), (2, 1))),
     "pp_epi_64x96_c2x1": (EPI_BIAS_GELU, S((64, 96, 64), (2, 1), mode="pingpong")),
     "splitk2_pp_64x160": ({}, S((64, 160, 64), mode="pingpong", split_k=2)),
+    # 192-row cooperative tiles: the two consumer warpgroups split the columns (three 64-row WGMMAs each)
+    "coop_tn_192x192_c1x2_sw8m": ({}, S((192, 192, 64), (1, 2), swizzle=8)),
+    "coop_epi_192x128_c1x2_sw8m": (EPI_BIAS_RELU_RES, S((192, 128, 64), (1, 2), swizzle=8)),
 }
 # hand-picked schedules for the speed comparison (one compiled kernel serves every shape)
 SPEED = {

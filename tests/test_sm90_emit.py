@@ -17,7 +17,7 @@ from gemmc.backends.common import epilogue_math_lines, grouped_raster_source, sp
 from gemmc.backends.sm90 import emit
 from gemmc.compiler import lower
 from gemmc.errors import BuildError
-from gemmc.schedule import Schedule
+from gemmc.schedule import Schedule, check_schedule
 from gemmc.spec import EpilogueInput, EpilogueOp, GemmSpec, Ref
 from gemmc.types import DType
 
@@ -314,6 +314,8 @@ COMPILES = {
     "pingpong_64x96_splitk2": (GemmSpec(), dict(tile=(64, 96, 64), mode="pingpong", split_k=2)),
     # swizzled order over an unswizzled enumeration (swizzled_tile)
     "pingpong_1x2_sw4_splitk2": (GemmSpec(), dict(cluster=(1, 2), mode="pingpong", swizzle=4, split_k=2)),
+    # 192 rows: the consumer warpgroups split the columns, so each WGMMA is 64 x BN/2
+    "coop_192x192_1x2": (GemmSpec(), dict(tile=(192, 192, 64), cluster=(1, 2), swizzle=8)),
 }
 
 
@@ -409,3 +411,35 @@ def test_fixup_scratch_covers_every_index_the_kernel_writes(m, n8, batch, tile, 
     assert eval(ws.workspace_elems, {}, env) == last_float + 1
     assert eval(sem.workspace_elems, {}, env) == last_tile + 1
     assert "fx_tile = (tile_l * fx_tiles_n + tile_n) * fx_tiles_m + tile_m" in k.source
+
+
+@pytest.mark.parametrize("bn, sw", [(192, 64), (128, 128), (160, 32)])
+def test_192_row_tiles_split_columns_between_the_consumer_warpgroups(bn, sw):
+    """192 rows are three 64-row WGMMAs, which two warpgroups cannot halve by rows: each takes BN/2 columns of
+    all 192 rows, and an epilogue sub-tile spans both halves (64 x BN), whose smem swizzle tiles each half."""
+    plan = plan_of(GemmSpec(), tile=(192, bn, 64), cluster=(1, 2))
+    assert tuple(plan.mma.atom_layout) == (1, 2, 1) and tuple(plan.mma.inst_shape) == (64, bn // 2, 16)
+    assert plan.pipeline.epi_tile == (64, bn)
+    c = plan.copy("c")
+    assert c.box == (64, bn) and c.swizzle_bytes == sw and (bn // 2 * 2) % sw == 0
+    # 128/256-row cooperative tiles keep the split by rows and 32-column sub-tiles
+    plan = plan_of(GemmSpec(), tile=(256, 128, 64), cluster=(1, 2))
+    assert tuple(plan.mma.atom_layout) == (2, 1, 1) and tuple(plan.mma.inst_shape) == (64, 128, 16)
+    assert plan.pipeline.epi_tile == (128, 32)
+
+
+def test_192_row_tiles_refuse_what_they_do_not_support():
+    def limits(spec, **kw):
+        return {v.limit for v in check_schedule(Schedule(**{"tile": (192, 192, 64), "mode": "cooperative", **kw}),
+                                                spec)}
+    assert limits(GemmSpec()) == set()
+    assert "tile M 192" in limits(GemmSpec(), split_k=2)
+    assert "tile M 192" in limits(GemmSpec(), swap_ab=True)
+    assert "layouts (192-row tile)" in limits(GemmSpec(a_layout="km"))
+    assert "tile N (192-row tile)" in {v.limit for v in check_schedule(Schedule((192, 176, 64)), GemmSpec())}
+    assert "tile M (pingpong)" in limits(GemmSpec(), mode="pingpong")
+
+
+def test_192_row_tile_ptx_issues_half_width_wgmmas(ptx_of):
+    _, ptx = ptx_of("coop_192x192_1x2")
+    assert set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)) == {"m64n96k16"}

@@ -1,8 +1,9 @@
 """assign-warpgroup-roles: gemm.matmul -> kernel.gemm, with who does what and the MMA instruction.
 
 SM90: one producer warpgroup (TMA loads, few registers) and two consumer warpgroups (WGMMA +
-epilogue) that either split each tile by rows (cooperative) or take alternate tiles (pingpong, so
-one's epilogue overlaps the other's MMA). SM80: uniform warps that all load and compute."""
+epilogue) that either split each tile by rows (cooperative; a 192-row tile, three 64-row WGMMAs, by
+columns) or take alternate tiles (pingpong, so one's epilogue overlaps the other's MMA). SM80: uniform
+warps that all load and compute."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from ..ir.attrs import ScheduleAttr
 from ..ir.build import find_gemm
 from ..ir.gemm import MatmulOp
 from ..ir.kernel import EpilogueOp, KernelGemmOp, MmaOp, WarpGroupOp
-from ..schedule import (CONSUMER_REGS, PRODUCER_REGS, Schedule, consumer_warpgroups, sm80_warps,
+from ..schedule import (CONSUMER_REGS, PRODUCER_REGS, Schedule, consumer_warpgroups, sm80_warps, splits_n,
                         threads_per_cta)
 from ..spec import GemmSpec
 from .common import problem_and_schedule
@@ -33,9 +34,13 @@ def roles(s: Schedule, spec: GemmSpec) -> tuple[str, list, MmaOp]:
         wgs += [WarpGroupOp.make(role="consumer", index=1 + i, regs=CONSUMER_REGS, warps=4)
                 for i in range(consumer_warpgroups(s))]
         inst_k = 32 if spec.dtype.bits == 8 else 16
-        # cooperative: the consumers stack along M, each owning bm/2 rows; pingpong: each owns a whole tile
-        atoms = (consumer_warpgroups(s), 1, 1) if s.mode == "cooperative" else (1, 1, 1)
-        mma = MmaOp.make(kind="wgmma", inst=(WGMMA_M, bn, inst_k), atoms=atoms, a_source="smem")
+        # cooperative: the consumers stack along M, each owning bm/2 rows (192 rows: along N, each owning
+        # bn/2 columns of all rows); pingpong: each owns a whole tile
+        if splits_n(s):
+            atoms, inst_n = (1, consumer_warpgroups(s), 1), bn // consumer_warpgroups(s)
+        else:
+            atoms, inst_n = ((consumer_warpgroups(s), 1, 1) if s.mode == "cooperative" else (1, 1, 1)), bn
+        mma = MmaOp.make(kind="wgmma", inst=(WGMMA_M, inst_n, inst_k), atoms=atoms, a_source="smem")
         return s.mode, wgs, mma
     warps = sm80_warps(s)
     wgs = [WarpGroupOp.make(role="uniform", index=i, regs=0, warps=min(4, warps - 4 * i))

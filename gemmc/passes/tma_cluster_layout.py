@@ -19,7 +19,7 @@ from xdsl.dialects.builtin import ModuleOp, StringAttr
 from xdsl.passes import ModulePass
 
 from ..ir.kernel import ClusterOp, CopyOp
-from ..schedule import Schedule, epilogue_tile
+from ..schedule import Schedule, epilogue_tile, splits_n
 from ..spec import GemmSpec
 from ..types import DType
 from .common import kernel_op, problem_and_schedule
@@ -62,17 +62,19 @@ def operand_copies(s: Schedule, spec: GemmSpec) -> list[CopyOp]:
             copies.append(CopyOp.make(operand=operand, kind="cp_async", box=(rows, cols),
                                       swizzle_bytes=swizzle_bytes(cols, spec.dtype), vector_bytes=VECTOR_BYTES))
     em, en = epilogue_tile(s) if sm90 else (bm, bn)
+    # a sub-tile split between two warpgroups' columns: its swizzle atoms must tile each half
+    sw_cols = en // 2 if sm90 and splits_n(s) else en
     if sm90 and s.swap_ab:
         copies.append(CopyOp.make(operand="c", kind="st_global", box=(1, 1), swizzle_bytes=0,
                                   vector_bytes=spec.out_dtype.bytes))
     elif sm90:
         copies.append(CopyOp.make(operand="c", kind="tma_store", box=(em, en),
-                                  swizzle_bytes=swizzle_bytes(en, spec.out_dtype)))
+                                  swizzle_bytes=swizzle_bytes(sw_cols, spec.out_dtype)))
     for x in spec.inputs:
         if x.kind == "full":
             if sm90 and not s.swap_ab:   # loaded per epilogue sub-tile, through the same smem staging as C
                 copies.append(CopyOp.make(operand=x.name, kind="tma", box=(em, en),
-                                          swizzle_bytes=swizzle_bytes(en, x.dtype)))
+                                          swizzle_bytes=swizzle_bytes(sw_cols, x.dtype)))
             else:
                 copies.append(CopyOp.make(operand=x.name, kind="ldg", box=(bm, bn), swizzle_bytes=0,
                                           vector_bytes=VECTOR_BYTES))
