@@ -86,6 +86,7 @@ def test_tune_refuses_without_gpu(tmp_path, capsys):
 
 def test_tune_settle_reaches_the_runner_and_is_checked(tmp_path, capsys, monkeypatch):
     import gemmc.search.runner as runner_mod
+    from gemmc.bench.timing import TimingConfig
     seen = {}
 
     class _Runner(runner_mod.Runner):
@@ -108,6 +109,12 @@ def test_tune_settle_reaches_the_runner_and_is_checked(tmp_path, capsys, monkeyp
     assert "--sustained-s must be >= 0" in capsys.readouterr().err and "timing" not in seen
     assert main(["--db", db, "tune", "--suite", "llm", "--budget", "2", "--sustained-s", "2"]) == 2
     assert seen["timing"].sustained_s == 2.0 and seen["timing"].settle_s == 0.0
+    assert seen["timing"].repeats == TimingConfig.repeats            # --repeats left out: the bench's default
+    seen.clear()
+    assert main(["--db", db, "tune", "--suite", "llm", "--budget", "2", "--repeats", "0"]) == 2
+    assert "--repeats must be >= 1" in capsys.readouterr().err and "timing" not in seen
+    assert main(["--db", db, "tune", "--suite", "llm", "--budget", "2", "--sustained-s", "1", "--repeats", "4"]) == 2
+    assert seen["timing"].repeats == 4 and seen["timing"].sustained_s == 1.0
 
 
 def test_tune_fresh_reaches_tune_shapes(tmp_path, monkeypatch):

@@ -106,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
                         "repeats seconds per such measurement. Rows are stored as timed so; where a problem has "
                         "them, only they rank, and its interleaved rows do not count toward --budget "
                         "(default 0: off)")
+    t.add_argument("--repeats", type=int, default=None, metavar="N",
+                   help="timed units per side in each measurement (default: gemmc bench's, 10); fewer make an "
+                        "own-clock (--sustained-s) measurement cheaper, at the cost of its noise")
     t.add_argument("--also", type=_schedule_list, default=[], metavar="S1,S2,...",
                    help="also measure these schedules (schedule strings, e.g. 128x16x64_pp_s12_swap) on every "
                         "shape where they are valid, after the search; stored with strategy 'also', extra to "
@@ -361,7 +364,11 @@ def cmd_tune(args) -> int:
         print(f"gemmc-search tune: --also schedules are read as sm_90a (swap_ab is SM90-only); they cannot "
               f"run under --arch {args.arch}: drop --also or tune sm_90a", file=sys.stderr)
         return 2
-    runner = Runner(timing=TimingConfig(settle_s=args.settle_s, sustained_s=args.sustained_s))
+    if args.repeats is not None and args.repeats < 1:
+        print("gemmc-search tune: --repeats must be >= 1 (timed units per side)", file=sys.stderr)
+        return 2
+    repeats = {} if args.repeats is None else {"repeats": args.repeats}
+    runner = Runner(timing=TimingConfig(settle_s=args.settle_s, sustained_s=args.sustained_s, **repeats))
     gpu = runner.gpu_name()
     if gpu == "cpu":
         print("gemmc-search tune measures on a GPU and none is visible; use `gemmc-search simulate` on the CPU",
