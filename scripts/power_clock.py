@@ -7,6 +7,7 @@ board power, and reports per side:
   mhz     median SM clock of the samples after the first second (the clock settles under the cap)
   watts   median board power of the same samples, beside the enforced power limit
   mcycles time x clock: the cycles one call takes at the clock it ran at
+  mj      watts x time: the energy of one call (millijoules); at the cap, time follows it
   tflops  and tflops per kW
 
     python3 scripts/power_clock.py plan.json    # GPU: JSON under $OUT (or ./power_out), table last
@@ -59,7 +60,7 @@ def side_summary(samples: list[tuple[float, float, float]], us: float, flops: fl
     watts = statistics.median(s[1] for s in samples)
     tflops = flops / us / 1e6
     return {"us": us, "mhz": mhz, "watts": watts, "limit_w": samples[-1][2], "samples": len(samples),
-            "mcycles": us * mhz / 1e6, "tflops": tflops, "tflops_per_kw": tflops / watts * 1000}
+            "mcycles": us * mhz / 1e6, "mj": watts * us / 1000, "tflops": tflops, "tflops_per_kw": tflops / watts * 1000}
 
 
 def smi_device(props) -> str:
@@ -127,17 +128,18 @@ def main() -> None:
             us = statistics.median(u for u, _ in got)
             row["sides"][side] = side_summary([s for _, ss in got for s in ss], us, 2.0 * m * n * k)
             row["sides"][side]["speed"] = row["sides"]["cublas"]["us"] / us
+            row["sides"][side]["energy"] = row["sides"][side]["mj"] / row["sides"]["cublas"]["mj"]
         rows.append(row)
         print(json.dumps(row), flush=True)
         del res
         torch.cuda.empty_cache()
         (out_dir / "power_clock.json").write_text(json.dumps(rows, indent=1))
-    keys = ("us", "mhz", "watts", "mcycles", "tflops", "tflops_per_kw")
-    print(f"\n{'shape':18s} {'side':40s} " + " ".join(f"{k:>13s}" for k in keys) + "  cuBLAS/side")
+    keys = ("us", "mhz", "watts", "mcycles", "mj", "tflops", "tflops_per_kw")
+    print(f"\n{'shape':18s} {'side':40s} " + " ".join(f"{k:>13s}" for k in keys) + "  cuBLAS/side  energy/cuBLAS")
     for r in rows:
         for side, got in r["sides"].items():
             print(f"{r['shape']:18s} {side:40s} " + " ".join(f"{got[k]:13.3f}" for k in keys)
-                  + f"  {got['speed']:.3f}")
+                  + f"  {got['speed']:11.3f}  {got['energy']:13.3f}")
 
 
 if __name__ == "__main__":

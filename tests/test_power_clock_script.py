@@ -20,6 +20,7 @@ def test_a_side_is_summarized_as_cycles_and_work_per_energy():
     assert got["mcycles"] == pytest.approx(700.0 * 1610.0 / 1e6)          # 1.127 M cycles per call
     assert got["tflops"] == pytest.approx(flops / 700e-6 / 1e12)            # 785 TFLOP/s
     assert got["tflops_per_kw"] == pytest.approx(got["tflops"] / 0.7)
+    assert got["mj"] == pytest.approx(700.0 * 700e-6 * 1e3)                # 490 mJ per call
 
 
 def test_no_samples_is_an_error_that_says_why():
