@@ -1,5 +1,4 @@
 """The schedule tables shipped with gemmc (gemmc/pretuned.py) and their place in schedule="auto"."""
-import gzip
 import json
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from gemmc.dispatch import resolve_auto
 from gemmc.pretuned import DATA_DIR, build_table, load_tables, table_for, table_from_json
 from gemmc.schedule import Schedule, is_valid
 from gemmc.search.db import TuningDB
-from gemmc.search.strategy import Measurement, SearchProblem
+from gemmc.search.strategy import SUSTAINED as OWN_CLOCK_TIMING, Measurement, SearchProblem
 from gemmc.spec import EpilogueInput, EpilogueOp, Ref
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -290,12 +289,14 @@ def test_long_calls_take_the_verdict_of_their_sustained_timing(tmp_path):
     assert not kept.cublas_faster and kept.schedule.short().startswith("256x160x64_c1x2_coop")
 
 
-def test_own_clock_tune_rows_replace_the_entries_they_beat():
+def test_own_clock_tune_rows_replace_the_entries_they_beat(tmp_path):
     """Session 17 (H200, `gemmc-search tune --sustained-s 1 --also 256x160 c1x2 sw8`): with a grouped raster
     (8 tiles) 256x160 c1x2 clocks with cuBLAS at M = 16384, where the unswizzled picks pulled 3-4 DRAM bytes per
     kFLOP and clocked lower. Its own-clock rows replace the entries; where they still lose, torch.matmul runs."""
-    db = json.loads(gzip.decompress(TUNED[2].read_bytes()))     # `gemmc-search export` writes gzip
-    assert all(r["timing"] == "sustained" for r in db["measurements"] if r["time_us"])
+    db = TuningDB(tmp_path / "t.sqlite")
+    db.import_(TUNED[2])
+    assert all(r["timing"] == OWN_CLOCK_TIMING for r in db.rows() if r["time_us"])
+    db.close()
     t = h200()
     for key in ((4096, 10240, 8192), (4096, 57344, 8192), (16384, 4096, 14336), (16384, 8192, 8192)):
         e = t.entries[key]
