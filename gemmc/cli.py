@@ -48,7 +48,7 @@ def _stages(text: str):
     return text if text == "auto" else int(text)
 
 
-SCHEDULE_FLAGS = ("tile", "cluster", "stages", "mode", "raster", "swizzle", "split_k", "pdl", "swap_ab")
+SCHEDULE_FLAGS = ("tile", "cluster", "stages", "mode", "raster", "swizzle", "split_k", "pdl", "swap_ab", "stream_k")
 
 
 def add_problem_and_schedule_args(p) -> None:
@@ -80,6 +80,9 @@ def add_problem_and_schedule_args(p) -> None:
     sch.add_argument("--swap-ab", dest="swap_ab", action="store_const", const=True, default=None,
                      help="swap A and B (sm_90a, split-K 1): the kernel computes out^T = b @ a^T, --tile and "
                           "--cluster read N first; for decode and small-batch shapes (M <= 128)")
+    sch.add_argument("--stream-k", dest="stream_k", action="store_const", const=True, default=None,
+                     help="stream-K (sm_90a, cooperative, split-K 1): every CTA takes an equal share of all "
+                          "k-iterations; for shapes whose few tiles would leave SMs idle")
 
 
 def add_compile_parser(sub) -> None:

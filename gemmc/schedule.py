@@ -86,6 +86,11 @@ class Schedule:
     # with B's rows instead of padding A's few rows to 64; the output is stored from registers at its
     # transposed coordinate.
     swap_ab: bool = False
+    # stream-K (sm_90a, cooperative, split_k 1): the grid's clusters each take an equal share of all
+    # (tile, k-tile) iterations, so a tile may be split across CTAs at any k-tile; the last CTA to finish a
+    # split tile sums the f32 partials (in CTA order) and runs the epilogue. Fills every SM when the tile
+    # count would leave some idle (M <= 128 shapes with a few dozen tiles of long K).
+    stream_k: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "tile", tuple(int(x) for x in self.tile))
@@ -102,6 +107,8 @@ class Schedule:
             del d["pdl"]
         if d["swap_ab"] is False:      # likewise: only present when on
             del d["swap_ab"]
+        if d["stream_k"] is False:
+            del d["stream_k"]
         return d
 
     @classmethod
@@ -110,12 +117,12 @@ class Schedule:
 
     def short(self) -> str:
         """Compact id, e.g. '128x256x64_c2x1_coop_s4_rm_sw1_k1' ('_nopdl' appended when pdl is off, '_swap'
-        when A and B are swapped)."""
+        when A and B are swapped, '_streamk' under stream-K)."""
         bm, bn, bk = self.tile
         mode = "coop" if self.mode == "cooperative" else "pp"
         return (f"{bm}x{bn}x{bk}_c{self.cluster[0]}x{self.cluster[1]}_{mode}_s{self.stages}"
                 f"_r{self.raster}_sw{self.swizzle}_k{self.split_k}" + ("" if self.pdl else "_nopdl")
-                + ("_swap" if self.swap_ab else ""))
+                + ("_swap" if self.swap_ab else "") + ("_streamk" if self.stream_k else ""))
 
     def with_(self, **kw) -> "Schedule":
         return replace(self, **kw)
@@ -199,6 +206,8 @@ def split_k_mode(s: Schedule) -> str:
     the second kernel, 256x4096x14336 k2 49.0 -> 46.4 us, 512x4096x28672 k2 172.8 -> 167.4 us; the 78 split-K
     checks of the heuristic measured again on the fix-up, against their earlier figures: time x0.96 at 2
     splits (0.88-1.05), x0.99 at 3, x1.01 at 4, x1.15-1.17 at 6-8 (bench/results/2026-12-01-h200-session13.json)."""
+    if s.stream_k:
+        return "stream"     # stream-K: the last CTA of a split tile sums its partials, as the fix-up does
     if s.split_k == 1:
         return "none"
     return "fixup" if s.arch == "sm_90a" and s.split_k <= FIXUP_MAX_SPLITS else "serial"
@@ -271,6 +280,15 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
     elif s.swap_ab and s.split_k > 1:
         add("swap_ab with split_k", s.split_k, "a swapped kernel stores from registers and has no split-K "
             "fix-up: use split_k=1 (a swapped decode kernel streams B with whole-K tiles)")
+    if not isinstance(s.stream_k, bool):
+        add("stream_k", s.stream_k, "use False (the default) or True (stream-K: equal k-iteration shares per CTA)")
+    elif s.stream_k:
+        if not sm90:
+            add("stream_k", True, "stream-K is SM90-only: use stream_k=False on sm_80")
+        if s.split_k != 1:
+            add("stream_k with split_k", s.split_k, "stream-K splits K itself: use split_k=1")
+        if s.mode != "cooperative":
+            add("stream_k mode", s.mode, "stream-K is built for cooperative kernels: use mode='cooperative'")
     if s.stages != "auto" and s.stages < 2:
         add("stages", s.stages, "use at least 2 (or 'auto')")
     if min(s.tile) <= 0 or min(s.cluster) <= 0:
@@ -283,10 +301,10 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
             add("tile M (cooperative)", bm, "two consumer warpgroups split the tile in 64-row WGMMAs: use 128, 192 "
                 "or 256, or mode='pingpong' for 64")
         if splits_n(s):
-            if s.swap_ab or s.split_k > 1:
-                add("tile M 192", (s.swap_ab, s.split_k), "a 192-row tile splits its columns between the two "
-                    "consumer warpgroups, which the swapped store and the split-K fix-up do not: use swap_ab=False "
-                    "and split_k=1, or a 128- or 256-row tile")
+            if s.swap_ab or s.split_k > 1 or s.stream_k:
+                add("tile M 192", (s.swap_ab, s.split_k, s.stream_k), "a 192-row tile splits its columns between "
+                    "the two consumer warpgroups, which the swapped store and the split-K fix-up do not: use "
+                    "swap_ab=False, split_k=1 and stream_k=False, or a 128- or 256-row tile")
             if bn % 32:
                 add("tile N (192-row tile)", bn, "each consumer warpgroup takes BN/2 columns in 16-column WGMMA "
                     "steps: use a multiple of 32")

@@ -91,6 +91,12 @@ VARIANTS = {
     # 192-row cooperative tiles: the two consumer warpgroups split the columns (three 64-row WGMMAs each)
     "coop_tn_192x192_c1x2_sw8m": ({}, S((192, 192, 64), (1, 2), swizzle=8)),
     "coop_epi_192x128_c1x2_sw8m": (EPI_BIAS_RELU_RES, S((192, 128, 64), (1, 2), swizzle=8)),
+    # stream-K: whole waves data-parallel, the last ones' (tile, k-tile) iterations shared out; split tiles fixed up
+    "streamk_tn_128x128": ({}, S((128, 128, 64), stream_k=True)),
+    "streamk_tn_128x64_c1x2": ({}, S((128, 64, 64), (1, 2), stream_k=True)),
+    "streamk_tn_128x256_c2x1_sw8n": ({}, S((128, 256, 64), (2, 1), raster="n", swizzle=8, stream_k=True)),
+    "streamk_swap_128x32_c2x1": ({}, S((128, 32, 64), (2, 1), swap_ab=True, stream_k=True)),
+    "streamk_epi_256x128_c1x2_batched": (dict(EPI_BIAS_RELU_RES, batch="L"), S((256, 128, 64), (1, 2), stream_k=True)),
 }
 # hand-picked schedules for the speed comparison (one compiled kernel serves every shape)
 SPEED = {

@@ -62,10 +62,12 @@ def parse_schedule(text: str, arch: str = "sm_90a") -> Schedule:
             put("pdl", False, tok)
         elif tok == "swap":
             put("swap_ab", True, tok)
+        elif tok == "streamk":
+            put("stream_k", True, tok)
         else:
             raise PolicyError(f"schedule {text!r}: unknown token {tok!r}; use cMxN (cluster), coop|pp (mode), "
                               "sN (stages), rm|rn (raster), swN (swizzle), kN (split-K), nopdl (plain launches), "
-                              "swap (A and B swapped)")
+                              "swap (A and B swapped), streamk (stream-K)")
     return Schedule(**fields)
 
 

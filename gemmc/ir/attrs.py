@@ -173,13 +173,14 @@ class ScheduleAttr(ParametrizedAttribute):
     arch: StringAttr
     pdl: BoolAttr               # printed only when false, like Schedule.short()'s "_nopdl"
     swap_ab: BoolAttr           # printed only when true, like Schedule.short()'s "_swap"
+    stream_k: BoolAttr          # printed only when true, like Schedule.short()'s "_streamk"
 
     @staticmethod
     def from_schedule(s: Schedule) -> "ScheduleAttr":
         return ScheduleAttr(ints_attr(s.tile), ints_attr(s.cluster), StringAttr(str(s.stages)),
                             StringAttr(s.mode), StringAttr(s.raster), IntAttr(int(s.swizzle)),
                             IntAttr(int(s.split_k)), StringAttr(s.arch), BoolAttr.from_bool(bool(s.pdl)),
-                            BoolAttr.from_bool(bool(s.swap_ab)))
+                            BoolAttr.from_bool(bool(s.swap_ab)), BoolAttr.from_bool(bool(s.stream_k)))
 
     def to_schedule(self) -> Schedule:
         stages = self.stages.data
@@ -187,7 +188,7 @@ class ScheduleAttr(ParametrizedAttribute):
                         stages=stages if stages == "auto" else int(stages), mode=self.mode.data,
                         raster=self.raster.data, swizzle=self.swizzle.data, split_k=self.split_k.data,
                         arch=self.arch.data, pdl=bool(self.pdl.value.data),
-                        swap_ab=bool(self.swap_ab.value.data))
+                        swap_ab=bool(self.swap_ab.value.data), stream_k=bool(self.stream_k.value.data))
 
     def verify(self) -> None:
         if len(self.tile.data) != 3:
@@ -216,6 +217,8 @@ class ScheduleAttr(ParametrizedAttribute):
                 printer.print_string(", pdl = false")
             if self.swap_ab.value.data:
                 printer.print_string(", swap_ab = true")
+            if self.stream_k.value.data:
+                printer.print_string(", stream_k = true")
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser):
@@ -235,15 +238,16 @@ class ScheduleAttr(ParametrizedAttribute):
                     values[f] = StringAttr(str(n) if n is not None else parse_word(parser, f))
                 else:
                     values[f] = StringAttr(parse_word(parser, f))
-            flags = {"pdl": True, "swap_ab": False}     # absent: their defaults (pdl on, not swapped)
+            # absent: their defaults (pdl on, not swapped, no stream-K)
+            flags = {"pdl": True, "swap_ab": False, "stream_k": False}
             while parser.parse_optional_punctuation(","):
-                key = parser.parse_identifier("pdl or swap_ab")
+                key = parser.parse_identifier("pdl, swap_ab or stream_k")
                 if key not in flags:
-                    parser.raise_error(f"#gemmc.schedule: unknown flag {key!r}; expected pdl or swap_ab")
+                    parser.raise_error(f"#gemmc.schedule: unknown flag {key!r}; expected pdl, swap_ab or stream_k")
                 parser.parse_punctuation("=")
                 flags[key] = parser.parse_boolean()
         return (*(values[f] for f in SCHEDULE_FIELDS), BoolAttr.from_bool(flags["pdl"]),
-                BoolAttr.from_bool(flags["swap_ab"]))
+                BoolAttr.from_bool(flags["swap_ab"]), BoolAttr.from_bool(flags["stream_k"]))
 
 
 Gemmc = Dialect("gemmc", [], [TensorType, ScheduleAttr])

@@ -263,7 +263,8 @@ class TileSchedulerOp(FactOp):
     """Which CTA computes which output tile: persistence, raster order, swizzle, split-K; and whether
     the kernels launch as programmatic dependents (pdl: griddepcontrol, sm_90a only; absent = plain).
     split_k_mode says who sums the split-K partials (in split order): serial = a second, reduce kernel;
-    fixup = the GEMM kernel, the last split of each tile to finish (sm_90a)."""
+    fixup = the GEMM kernel, the last split of each tile to finish (sm_90a); stream = stream-K (split_k 1):
+    each cluster takes an equal share of all k-iterations, and the last CTA of a split tile sums its partials."""
     name = "kernel.tile_scheduler"
     FIELDS: ClassVar[tuple] = (("persistent", "persistent", "bool", _REQUIRED), ("raster", "raster", "word", _REQUIRED),
               ("swizzle", "swizzle", "int", _REQUIRED), ("split_k", "split_k", "int", _REQUIRED),
@@ -275,9 +276,10 @@ class TileSchedulerOp(FactOp):
         v = self.values()
         self.fail_unless(v["raster"] in ("m", "n"), f"raster {v['raster']!r}; use m or n")
         self.fail_unless(v["swizzle"] >= 1 and v["split_k"] >= 1, "swizzle and split_k are >= 1")
-        self.fail_unless(v["split_k_mode"] in ("none", "serial", "fixup"), f"split_k_mode {v['split_k_mode']!r}")
-        self.fail_unless((v["split_k"] > 1) == (v["split_k_mode"] != "none"),
-                         "split_k_mode is none exactly when split_k is 1")
+        self.fail_unless(v["split_k_mode"] in ("none", "serial", "fixup", "stream"),
+                         f"split_k_mode {v['split_k_mode']!r}")
+        self.fail_unless((v["split_k"] > 1) == (v["split_k_mode"] not in ("none", "stream")),
+                         "split_k_mode is none or stream exactly when split_k is 1")
         self.fail_unless(v["pdl_early_ctas"] >= 0 and (v["pdl"] or v["pdl_early_ctas"] == 0),
                          "pdl_early_ctas is >= 0, and 0 without pdl")
         self.fail_unless(v["pdl_full_ctas"] == 0 or (v["pdl"] and v["pdl_full_ctas"] > v["pdl_early_ctas"]),

@@ -71,6 +71,15 @@ def choice_features(s: Schedule) -> list[float]:
             *_onehot(s.swizzle, SWIZZLE_VOCAB), *_onehot(s.split_k, SPLIT_K_VOCAB), float(s.swap_ab)]
 
 
+def describes(s: Schedule) -> bool:
+    """Whether these features tell `s` apart from other schedules: every choice is in its vocabulary and
+    `s` uses no knob they leave out (stream-K). Others (192-row tiles, stream-K) would be encoded as a
+    different schedule, so the policy does not learn from them."""
+    bm, bn, bk = s.tile
+    return (bm in TILE_M_VOCAB and bn in TILE_N_VOCAB and bk in TILE_K_VOCAB and tuple(s.cluster) in CLUSTER_VOCAB
+            and s.swizzle in SWIZZLE_VOCAB and s.split_k in SPLIT_K_VOCAB and not s.stream_k)
+
+
 def gp_features(s: Schedule, spec: GemmSpec) -> list[float]:
     """Compact ordinal encoding for the GP (few dims: it sees at most a few dozen points)."""
     bm, bn, bk = s.tile

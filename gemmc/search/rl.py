@@ -25,7 +25,7 @@ from torch import nn
 
 from ..schedule import Schedule
 from ..spec import GemmSpec
-from .features import FeatureSpec, policy_features, shape_features
+from .features import FeatureSpec, describes, policy_features, shape_features
 from .strategy import BaseStrategy, Measurement, SearchProblem
 
 TEMPERATURE = 0.05      # reward scale of the ranking target: 5% slower = e^-1 the weight
@@ -200,7 +200,8 @@ def examples_from_db(db) -> list[ShapeExamples]:
     """Every stored problem (plain or not) as training data; rows of several GPUs pool together. A
     schedule's reward is the log of its paired speedup (geometric mean of cuBLAS / gemmc over its own
     rows, each timed in one run), so a clock that drifted between schedules does not rank them; problems
-    without cuBLAS times use log(best time / time). Schedules that only failed rank last."""
+    without cuBLAS times use log(best time / time). Schedules that only failed rank last. Schedules the
+    features do not describe (features.describes: stream-K, 192-row tiles) are left out."""
     import json as _json
 
     from .db import rank_by_verdict, schedule_figures
@@ -212,14 +213,15 @@ def examples_from_db(db) -> list[ShapeExamples]:
         f = _json.loads(key)
         spec = GemmSpec(f["m"], f["n"], f["k"], dtype=f["dtype"], out_dtype=f["out_dtype"],
                         acc_dtype=f["acc_dtype"], a_layout=f["a_layout"], b_layout=f["b_layout"])
-        figs = schedule_figures(rows)
+        figs = [x for x in schedule_figures(rows) if describes(x.schedule)]
         ranked = rank_by_verdict(figs)       # the DB verdict's rule: paired schedules, else all by time
         if not ranked:
             continue
         best = min(x.time_us for x in ranked)
         schedules = [x.schedule for x in ranked]
         rw = [math.log(x.speedup) if x.speedup is not None else math.log(best / x.time_us) for x in ranked]
-        failed = {Schedule.from_dict(_json.loads(r["schedule"])) for r in rows} - {x.schedule for x in figs}
+        failed = {s for s in (Schedule.from_dict(_json.loads(r["schedule"])) for r in rows)
+                  if describes(s)} - {x.schedule for x in figs}
         worst = min(rw)
         schedules += sorted(failed, key=lambda s: s.short())
         rw += [worst - ERROR_MARGIN] * len(failed)

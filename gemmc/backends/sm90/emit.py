@@ -4,7 +4,8 @@ The emitted module is plain CuTe DSL Python. Its first block names every plan fa
 (with the kernel-IR op it comes from); the kernel code below only reads those constants, so no
 decision is made here or in the kernel. Blocks by role:
   host      : views (M,K,L)/(N,K,L)/(M,N,L), TMA atoms, tile-scheduler params, launch (+ split-K reduce)
-  scheduler : persistent static scheduler (raster order, swizzle), split-K decode of the L coordinate
+  scheduler : persistent static scheduler (raster order, swizzle), split-K decode of the L coordinate;
+              or the stream-K walk of the cluster's data-parallel tiles and iteration share
   producer  : one warp of the producer warpgroup, setmaxnreg down, TMA (multicast) into the smem ring
   consumer  : setmaxnreg up, WGMMA main loop (cooperative: 2 WGs split a tile; ping-pong: alternate tiles)
   epilogue  : the plan's epilogue DAG on the accumulators, cast, registers -> smem -> TMA store;
@@ -19,7 +20,10 @@ next kernel launch (plan.scheduler.pdl_early_ctas and pdl_full_ctas say when). O
 kernel (split_k_mode "fixup": each split of a tile stores its partial to the workspace and counts its arrival
 on the tile's semaphore; the last to arrive sums them and runs the epilogue) or in a second kernel
 (split_k_mode "serial": the main kernel stores the partials and the shared reduce kernel of
-backends/common.py applies the epilogue; both launch from the same host function). Swapped A and B (plan.swap_ab): the kernel computes out^T = b @ a^T; the host
+backends/common.py applies the epilogue; both launch from the same host function). Stream-K (split_k_mode
+"stream") replaces the static scheduler: whole waves of tiles run data-parallel, the rest are shared out
+as (tile, k-tile) iterations, and a tile cut between clusters is summed by its last piece to arrive, as
+under the fix-up (stream_k.py models the decomposition). Swapped A and B (plan.swap_ab): the kernel computes out^T = b @ a^T; the host
 hands it b as A, a as B and a transposed view of out, and each output element is stored from registers
 (st.global) at its coordinate in that view. The PTX comes from compiling with
 `--keep-ptx --dump-dir <dir>` (the compiled object's `__ptx__`; see gemmc/build.py).
@@ -66,6 +70,9 @@ def _check(plan: KernelPlan) -> None:
                          f"(swap_ab={plan.swap_ab})")
     if plan.swap_ab and plan.scheduler.split_k > 1:
         raise BuildError("a swapped (swap_ab) SM90 plan has no split-K path: use split_k=1")
+    if plan.scheduler.split_k_mode == "stream" and (plan.mode != "cooperative" or plan.scheduler.split_k != 1):
+        raise BuildError("SM90 stream-K is built for cooperative kernels with split_k 1; the plan has mode "
+                         f"{plan.mode!r}, split_k {plan.scheduler.split_k}")
     if plan.scheduler.split_k > 1 and plan.scheduler.split_k_mode not in ("fixup", "serial"):
         raise BuildError(f"SM90 split-K sums its partials in the kernel (fixup) or in a second one (serial); "
                          f"the plan says split_k_mode {plan.scheduler.split_k_mode!r}")
@@ -104,6 +111,16 @@ def params_of(plan: KernelPlan) -> tuple[Param, ...]:
         tiles = (f"({batch}) * (((({_dim_expr(p.m)}) + {bm * cm - 1}) // {bm * cm}) * {cm})"
                  f" * (((({_dim_expr(p.n)}) + {bn * cn - 1}) // {bn * cn}) * {cn})")   # whole clusters
         elems = f"{sk * bm * bn} * {tiles}"
+        out.append(Param("workspace", "workspace", DType.f32, (elems,), role="workspace", workspace_elems=elems))
+        out.append(Param("semaphores", "semaphore", DType.i32, (tiles,), role="semaphore", workspace_elems=tiles))
+    elif plan.scheduler.split_k_mode == "stream":
+        # stream-K: at most two split pieces per CTA (its first and last), each a whole tile of f32 partials
+        # in register-fragment order; one i32 arrival counter per (padded) output tile, as under the fix-up
+        bm, bn, _ = plan.tile
+        cm, cn = plan.cluster
+        elems = str(2 * _max_clusters(plan) * cm * cn * bm * bn)
+        tiles = (f"({batch}) * (((({_dim_expr(p.m)}) + {bm * cm - 1}) // {bm * cm}) * {cm})"
+                 f" * (((({_dim_expr(p.n)}) + {bn * cn - 1}) // {bn * cn}) * {cn})")
         out.append(Param("workspace", "workspace", DType.f32, (elems,), role="workspace", workspace_elems=elems))
         out.append(Param("semaphores", "semaphore", DType.i32, (tiles,), role="semaphore", workspace_elems=tiles))
     return tuple(out)
@@ -153,6 +170,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     pingpong = plan.mode == "pingpong"
     sk = plan.scheduler.split_k
     fixup = sk > 1 and plan.scheduler.split_k_mode == "fixup"
+    stream = plan.scheduler.split_k_mode == "stream"
     reduce_kernel = sk > 1 and not fixup
     batched = p.batch is not None
     entry = f"{p.name}_sm90"
@@ -250,7 +268,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                 return k_tile_total
         ''')
 
-    if plan.scheduler.swizzle > 1:
+    if _reorders(plan):
         facts += "\n\n" + grouped_raster_source("RASTER_ALONG_M", "SWIZZLE") + "\n\n" + _block('''
             @cute.jit
             def swizzled_tile(tile_m, tile_n, clusters_m, clusters_n):
@@ -300,7 +318,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                "stride=(cute.size(out_mnl, mode=[1]), 1, cute.size(out_mnl, mode=[0]) * cute.size(out_mnl, mode=[1]))))")
     store_target = "ws_mnl" if reduce_kernel else "out_mnl"
     in_views = input_view_lines(main_inputs, batched)
-    kernel_in_args = (["workspace", "semaphores"] if fixup else []) + input_kernel_args(main_inputs)
+    kernel_in_args = (["workspace", "semaphores"] if fixup or stream else []) + input_kernel_args(main_inputs)
     staged_host = []
     staged_storage = []
     for i in staged:
@@ -362,7 +380,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
             tiles_mnl = cute.zipped_divide(out_mnl, tiler=(TILE_MNK[0], TILE_MNK[1]))[(0, (None, None, None))].shape
             sched_params = utils.PersistentTileSchedulerParams(
                 (tiles_mnl[0], tiles_mnl[1], tiles_mnl[2] * SPLIT_K), (*CLUSTER_MN, 1), $sched_args)
-            grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, MAX_ACTIVE_CLUSTERS)
+            $grid_line
 
             @cute.struct
             class SharedStorage:
@@ -388,13 +406,16 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         kernel_in_args="".join(", " + x for x in kernel_in_args),
         staged_storage=_indent(staged_storage + (["epi_load_barriers: cute.struct.MemRange[cutlass.Int64, 2]"] if staged else [])
                                + (["fixup_flags: cute.struct.MemRange[cutlass.Int32, 2]   # split-K fix-up: arrivals seen"]
-                                  if fixup else []), 8),
+                                  if fixup or stream else []), 8),
         staged_host=_indent(staged_host, 4), reduce_lines=_indent(reduce_lines, 4),
         sched_order=("raster order + swizzle from the plan" if plan.scheduler.swizzle == 1 else
                      "enumerated M-major and unswizzled: swizzled_tile applies the plan's order"),
-        sched_args="SWIZZLE, RASTER_ALONG_M" if plan.scheduler.swizzle == 1 else "1, True")
+        sched_args="SWIZZLE, RASTER_ALONG_M" if plan.scheduler.swizzle == 1 else "1, True",
+        grid_line=_indent_tail(_STREAM_K_GRID if stream else
+                               "grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, MAX_ACTIVE_CLUSTERS)",
+                               4))
 
-    kernel = _kernel_source(plan, main_ops, main_inputs, pingpong, sk, fixup)
+    kernel = _kernel_source(plan, main_ops, main_inputs, pingpong, sk, fixup, stream)
     parts = [header, facts, host, kernel]
     if reduce_kernel:
         parts.append(reduce.source.strip("\n"))
@@ -403,15 +424,21 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     return EmittedKernel(arch="sm_90a", source=source, entry=entry, params=params, compile_arch="sm_90a")
 
 
+def _reorders(plan: KernelPlan) -> bool:
+    """Whether the kernel maps its M-major enumeration of cluster tiles through swizzled_tile: under a
+    swizzle, and under stream-K (which enumerates tiles itself) for raster n as well."""
+    return plan.scheduler.swizzle > 1 or (plan.scheduler.split_k_mode == "stream" and plan.scheduler.raster != "m")
+
+
 def _max_clusters(plan: KernelPlan) -> int:
     from ...schedule import ARCH_LIMITS
     return ARCH_LIMITS["sm_90a"].active_clusters(plan.cluster[0] * plan.cluster[1])
 
 
-def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup: bool) -> str:
+def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup: bool, stream: bool) -> str:
     # an input's (m, n) in the problem: swapped A/B put the problem's n on the kernel's m coordinate
     coords = ("en", "em", "el") if plan.swap_ab else ("em", "en", "el")
-    kparams = "".join(",\n    " + x for x in (["mWS: cute.Tensor", "mSem: cute.Tensor"] if fixup else [])
+    kparams = "".join(",\n    " + x for x in (["mWS: cute.Tensor", "mSem: cute.Tensor"] if fixup or stream else [])
                       + input_kernel_params(inputs))
 
     staged = tma_inputs(plan, inputs)
@@ -491,7 +518,11 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup
     # the plan's raster and swizzle, applied to the scheduler's unswizzled order (no padded work units)
     swizzle_decode = "tile_m, tile_n = swizzled_tile(tile_m, tile_n, clusters_m, clusters_n)\n" \
         if plan.scheduler.swizzle > 1 else ""
-    if sk > 1:
+    if stream:
+        split_decode = _STREAM_K_DECODE + (
+            "\n# the plan's raster and swizzle, applied to the M-major enumeration\n"
+            "tile_m, tile_n = swizzled_tile(tile_m, tile_n, sk_clusters_m, sk_clusters_n)" if _reorders(plan) else "")
+    elif sk > 1:
         split_decode = swizzle_decode + _block('''
             # split-K: work unit L coordinate = split * L + batch; each split owns a contiguous k-tile range
             tile_l = tile_l_raw % num_l
@@ -565,7 +596,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup
             num_n = cute.size(out_mnl, mode=[1])
             num_l = cute.size(out_mnl, mode=[2])
             k_tile_total = cute.size(gA, mode=[3])
-            k_per_split = (k_tile_total + SPLIT_K - 1) // SPLIT_K$cluster_counts
+            k_per_split = (k_tile_total + SPLIT_K - 1) // SPLIT_K$cluster_counts$stream_setup
 
             # TMA partitions; a multicast load writes this CTA's slice into every CTA of the group
             tAsA, tAgA = cpasync.tma_partition(
@@ -597,11 +628,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup
             # only fills L2, the point of coherence, so it is safe even if the previous kernel writes them
             if PDL and PDL_PREFETCH_K_TILES > 0:
                 if warp_idx == PRODUCER_WG * 4 and pdl_banded:
-                    first_sched = utils.StaticPersistentTileScheduler.create(
-                        sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
-                    first_work = first_sched.initial_work_tile_info()
-                    if first_work.is_valid_tile:
-                        tile_m, tile_n, tile_l_raw = first_work.tile_idx
+        $first_work
         $split_decode_f
                         with cute.arch.elect_one():
                             for kt in range(cutlass.min(k_count, PDL_PREFETCH_K_TILES)):
@@ -621,10 +648,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup
             if warp_group_idx == PRODUCER_WG:
                 cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp_idx == PRODUCER_WG * 4:
-                # tile scheduler: same work order as the consumers
-                tile_sched = utils.StaticPersistentTileScheduler.create(
-                    sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
-                work = tile_sched.initial_work_tile_info()
+        $producer_sched
                 load_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, AB_STAGES)
                 # L2 policy: an operand whose every tile this grid loads once (one tile, or one cluster, across
                 # the other extent: decode weights) streams through L2 evict-first; 0 is the default policy
@@ -636,8 +660,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup
                 if cutlass.const_expr(B_EVICT_FIRST):
                     if (num_m + TILE_MNK[0] - 1) // TILE_MNK[0] <= CLUSTER_MN[0]:
                         b_policy = cutlass.Int64(L2_EVICT_FIRST)
-                while work.is_valid_tile:
-                    tile_m, tile_n, tile_l_raw = work.tile_idx
+        $producer_loop
         $split_decode_p
                     tAgA_t = tAgA[(None, tile_m, None, tile_l)]
                     tBgB_t = tBgB[(None, tile_n, None, tile_l)]
@@ -651,8 +674,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup
                                   tma_bar_ptr=full_barrier, mcast_mask=b_mcast_mask, cache_policy=b_policy)
                         ab_pipeline.producer_commit(load_state)
                         load_state.advance()
-                    tile_sched.advance_to_next_work()
-                    work = tile_sched.get_current_work()
+        $producer_next
                 # PDL: let the next kernel launch before this grid ends; its CTAs wait in
                 # griddepcontrol.wait until this grid has completed. Grids in the bands do it once their
                 # last load is issued, the others once their last stage is released
@@ -665,8 +687,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup
             # ---- consumer warpgroups (assign-warpgroup-roles: consumers, CONSUMER_REGS registers) ----
             if warp_group_idx != PRODUCER_WG:
                 cute.arch.setmaxregister_increase(CONSUMER_REGS)
-                tile_sched = utils.StaticPersistentTileScheduler.create(
-                    sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
+        $consumer_sched
         $consumer
     ''', kparams=kparams,
         c_params=("mC_mnl: cute.Tensor, out_mnl: cute.Tensor" if plan.swap_ab
@@ -679,12 +700,32 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup
             clusters_m = (num_m + TILE_MNK[0] * CLUSTER_MN[0] - 1) // (TILE_MNK[0] * CLUSTER_MN[0])
             clusters_n = (num_n + TILE_MNK[1] * CLUSTER_MN[1] - 1) // (TILE_MNK[1] * CLUSTER_MN[1])
         ''').splitlines(), 4) if plan.scheduler.swizzle > 1 else "",
-        consumer=_consumer_source(plan, epi_math, split_decode, pingpong, staged_loop, bool(staged), fixup))
+        stream_setup=("\n" + _indent(_STREAM_K_SETUP.splitlines(), 4)) if stream else "",
+        first_work=_indent((["sk_v = 0", "if sk_v < sk_len:"] if stream else [
+            "first_sched = utils.StaticPersistentTileScheduler.create(",
+            "    sched_params, cute.arch.block_idx(), cute.arch.grid_dim())",
+            "first_work = first_sched.initial_work_tile_info()",
+            "if first_work.is_valid_tile:",
+            "    tile_m, tile_n, tile_l_raw = first_work.tile_idx"]), 12),
+        producer_sched=_indent(["# stream-K: this cluster's iterations, in the consumers' order", "sk_v = 0"]
+                               if stream else [
+            "# tile scheduler: same work order as the consumers",
+            "tile_sched = utils.StaticPersistentTileScheduler.create(",
+            "    sched_params, cute.arch.block_idx(), cute.arch.grid_dim())",
+            "work = tile_sched.initial_work_tile_info()"], 8),
+        producer_loop=_indent(["while sk_v < sk_len:"] if stream else
+                              ["while work.is_valid_tile:", "    tile_m, tile_n, tile_l_raw = work.tile_idx"], 8),
+        producer_next=_indent(["sk_v += k_count"] if stream else
+                              ["tile_sched.advance_to_next_work()", "work = tile_sched.get_current_work()"], 12),
+        consumer_sched="" if stream else _indent([
+            "tile_sched = utils.StaticPersistentTileScheduler.create(",
+            "    sched_params, cute.arch.block_idx(), cute.arch.grid_dim())"], 8),
+        consumer=_consumer_source(plan, epi_math, split_decode, pingpong, staged_loop, bool(staged), fixup, stream))
     return src
 
 
 def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpong: bool, staged_loop: str,
-                     staged: bool, fixup: bool) -> str:
+                     staged: bool, fixup: bool, stream: bool = False) -> str:
     """Consumer main loop + epilogue. Cooperative: both WGs walk every tile, each owning half the rows.
     Ping-pong: WG c takes work units c, c+2, ...; ordered named barriers alternate main loops and
     epilogues between the two WGs, and the stage counter skips the other WG's k-tiles."""
@@ -711,11 +752,10 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
                 # work unit 0 belongs to warpgroup 0: skip its stages
                 $skip_first
                 tile_sched.advance_to_next_work()
-        work = tile_sched.get_current_work()
+        $loop_init
         num_tiles_done = 0
         $staged_setup$fixup_setup
-        while work.is_valid_tile:
-            tile_m, tile_n, tile_l_raw = work.tile_idx
+        $loop_head
         $split_decode
             gC_t = gC[(None, None, tile_m, tile_n, store_l)]
 
@@ -762,20 +802,24 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
                 epi_barrier.arrive_and_wait()
                 epi_next.arrive()
             $count_tile
-            tile_sched.advance_to_next_work()
-            work = tile_sched.get_current_work()
+            $loop_next
         store_pipeline.producer_tail()
     ''', r2s_setup=_R2S_SWAPPED if plan.swap_ab else _R2S_TMA,
         split_decode=_indent(split_decode.splitlines(), 4),
-        fixup=_indent_tail(_FIXUP, 4) + "\n    " if fixup else "",
+        fixup=_indent_tail(_STREAM_K_FIXUP if stream else _FIXUP, 4) + "\n    " if fixup or stream else "",
         # staged inputs only set up their partitions here, which the guarded store reads: left unguarded
-        epi_math=_indent_tail(_last_split_only(epi_math, fixup and not staged), 4),
-        fixup_setup=("\n" + _FIXUP_SETUP) if fixup else "",
-        count_tile="" if fixup else "num_tiles_done += 1",
+        epi_math=_indent_tail(_last_split_only(epi_math, (fixup or stream) and not staged), 4),
+        fixup_setup=("\n" + _FIXUP_SETUP) if fixup or stream else "",
+        count_tile="" if fixup or stream else "num_tiles_done += 1",
+        loop_init="sk_v = 0" if stream else "work = tile_sched.get_current_work()",
+        loop_head=("while sk_v < sk_len:" if stream else
+                   "while work.is_valid_tile:\n    tile_m, tile_n, tile_l_raw = work.tile_idx"),
+        loop_next=("sk_v += k_count" if stream else
+                   "tile_sched.advance_to_next_work()\n    work = tile_sched.get_current_work()"),
         staged_setup=("epi_bar = epi_load_bar + (consumer_wg if PINGPONG else 0)\nepi_phase = cutlass.Int32(0)"
                       if staged else ""),
         store=_indent_tail(_last_split_only(Template(_STORE_DIRECT if plan.swap_ab else _STORE_TMA).substitute(
-            staged_loop=_indent(staged_loop.splitlines(), 4)).strip("\n"), fixup, ("num_tiles_done += 1",)), 4),
+            staged_loop=_indent(staged_loop.splitlines(), 4)).strip("\n"), fixup or stream, ("num_tiles_done += 1",)), 4),
         skip_first=_indent_tail(_skip_stages("first"), 8), skip_other=_indent_tail(_skip_stages("other"), 8))
     return _indent(body.splitlines(), 8)
 
@@ -866,6 +910,87 @@ if is_last:
                 fx_acc[j, c] = fx_acc[j, c] + fx_in[j]
     if consumer_tidx == 0:
         mSem[fx_tile] = cutlass.Int32(0)'''
+
+
+# stream-K (split_k_mode stream), the data-parallel + stream-K hybrid: the grid has one cluster per resident
+# cluster slot (at most one per iteration). Whole waves of cluster tiles run data-parallel first (cluster c
+# takes tiles c, c + G, ...), keeping the static scheduler's L2 locality; the tiles of the last partial wave
+# and one full wave before it are shared out as (tile, k-tile) iterations: cluster c takes stream-K
+# iterations [c * q + min(c, r), (c + 1) * q + min(c + 1, r)), q and r the quotient and remainder of their
+# count by G, so no SM idles through a partial last wave.
+_STREAM_K_GRID = '''# stream-K: one cluster per resident slot, at most one per (cluster tile, k-tile) iteration
+sk_iterations = (((tiles_mnl[0] + CLUSTER_MN[0] - 1) // CLUSTER_MN[0]) * ((tiles_mnl[1] + CLUSTER_MN[1] - 1) // CLUSTER_MN[1])
+                 * tiles_mnl[2] * ((cute.size(a_mkl, mode=[1]) + TILE_MNK[2] - 1) // TILE_MNK[2]))
+grid = (CLUSTER_MN[0], CLUSTER_MN[1], cutlass.max(cutlass.min(sk_iterations, MAX_ACTIVE_CLUSTERS), 1))'''
+_STREAM_K_SETUP = '''# stream-K: data-parallel waves of whole cluster tiles, then this cluster's share [sk_begin, sk_end) of
+# the remaining tiles' (tile, k-tile) iterations
+sk_clusters_m = (num_m + TILE_MNK[0] * CLUSTER_MN[0] - 1) // (TILE_MNK[0] * CLUSTER_MN[0])
+sk_clusters_n = (num_n + TILE_MNK[1] * CLUSTER_MN[1] - 1) // (TILE_MNK[1] * CLUSTER_MN[1])
+sk_tiles = sk_clusters_m * sk_clusters_n * num_l
+sk_grid = cute.arch.grid_dim()[2]
+sk_cluster = cute.arch.block_idx()[2]
+sk_dp_waves = cutlass.max(sk_tiles // sk_grid - cutlass.min(sk_tiles % sk_grid, 1), 0)
+sk_dp_tiles = sk_dp_waves * sk_grid
+sk_dp_iters = sk_dp_waves * k_tile_total
+sk_share = (sk_tiles - sk_dp_tiles) * k_tile_total // sk_grid
+sk_extra = (sk_tiles - sk_dp_tiles) * k_tile_total % sk_grid
+sk_begin = sk_cluster * sk_share + cutlass.min(sk_cluster, sk_extra)
+sk_end = (sk_cluster + 1) * sk_share + cutlass.min(sk_cluster + 1, sk_extra)
+sk_len = sk_dp_iters + sk_end - sk_begin'''
+_STREAM_K_DECODE = '''# stream-K: this cluster's iteration sk_v starts a piece of cluster tile sk_tile (M fastest, then N, then
+# L): a whole tile in the data-parallel waves (sk_in_dp = 1), else a run of stream-K iteration sk_it to the
+# tile's last k-tile or to the end of this cluster's share
+sk_in_dp = cutlass.min(cutlass.max(sk_dp_iters - sk_v, 0), 1)
+sk_it = sk_begin + cutlass.max(sk_v - sk_dp_iters, 0)
+sk_tile = (sk_in_dp * (sk_cluster + sk_v // k_tile_total * sk_grid)
+           + (1 - sk_in_dp) * (sk_dp_tiles + sk_it // k_tile_total))
+k_begin = (1 - sk_in_dp) * (sk_it % k_tile_total)
+k_count = sk_in_dp * k_tile_total + (1 - sk_in_dp) * cutlass.min(k_tile_total - k_begin, sk_end - sk_it)
+tile_m = sk_tile % sk_clusters_m * CLUSTER_MN[0] + cluster_coord[0]
+tile_n = sk_tile // sk_clusters_m % sk_clusters_n * CLUSTER_MN[1] + cluster_coord[1]
+tile_l = sk_tile // (sk_clusters_m * sk_clusters_n)
+store_l = tile_l'''
+# Each cluster has at most two split pieces (its share's first and last); piece j of cluster c of the grid
+# has the workspace unit (2c + j) * cluster size + CTA rank. A tile's pieces belong to the clusters owning
+# its first and last stream-K iterations and those between; owner(i) = min(i // (q + 1), r) + max(i - r(q + 1), 0) // q.
+_STREAM_K_FIXUP = '''# ---- stream-K fix-up: a piece of a split tile publishes its f32 partial and counts its arrival; the
+# last piece to arrive sums the tile's partials in cluster order (the same sum whichever arrives last)
+is_last = k_count == k_tile_total
+if k_count < k_tile_total:
+    sk_first = (sk_tile - sk_dp_tiles) * k_tile_total
+    sk_owner_first = (cutlass.min(sk_first // (sk_share + 1), sk_extra)
+                      + cutlass.max(sk_first - sk_extra * (sk_share + 1), 0) // sk_share)
+    sk_owner_last = (cutlass.min((sk_first + k_tile_total - 1) // (sk_share + 1), sk_extra)
+                     + cutlass.max(sk_first + k_tile_total - 1 - sk_extra * (sk_share + 1), 0) // sk_share)
+    # this piece is its cluster's first (j = 0) unless the share began in an earlier tile (j = 1)
+    sk_unit = (sk_cluster * 2 + cutlass.min(sk_it - sk_begin, 1)) * (CLUSTER_MN[0] * CLUSTER_MN[1]) + cta_rank
+    fx_tile = (tile_l * fx_tiles_n + tile_n) * fx_tiles_m + tile_m
+    fx_mine = cute.make_tensor(
+        mWS.iterator + cute.assume((sk_unit * fx_chunks * epi_threads + consumer_tidx) * 4, divby=4),
+        cute.make_layout((4, fx_chunks), stride=(1, 4 * epi_threads)))
+    cute.copy(fx_copy, fx_acc, fx_mine)
+    epi_barrier.arrive_and_wait()
+    if consumer_tidx == 0:
+        cute.arch.fence_acq_rel_gpu()   # release: the group's partial stores (ordered by the barrier) before the count
+        sFix[0] = cute.arch.atomic_add(mSem.iterator + fx_tile, cutlass.Int32(1), sem="acq_rel", scope="gpu")
+    epi_barrier.arrive_and_wait()
+    is_last = sFix[0] == sk_owner_last - sk_owner_first
+    if is_last:
+        for c in cutlass.range_constexpr(fx_chunks):
+            for j in cutlass.range_constexpr(4):
+                fx_acc[j, c] = cutlass.Float32(0.0)
+        for sk_c in range(sk_owner_first, sk_owner_last + 1):
+            sk_c_begin = sk_c * sk_share + cutlass.min(sk_c, sk_extra)
+            sk_c_unit = ((sk_c * 2 + cutlass.min(cutlass.max(sk_first - sk_c_begin, 0), 1))
+                         * (CLUSTER_MN[0] * CLUSTER_MN[1]) + cta_rank)
+            for c in cutlass.range_constexpr(fx_chunks):
+                cute.copy(fx_copy, cute.make_tensor(
+                    mWS.iterator + cute.assume(((sk_c_unit * fx_chunks + c) * epi_threads + consumer_tidx) * 4,
+                                               divby=4), cute.make_layout(4)), fx_in)
+                for j in cutlass.range_constexpr(4):
+                    fx_acc[j, c] = fx_acc[j, c] + fx_in[j]
+        if consumer_tidx == 0:
+            mSem[fx_tile] = cutlass.Int32(0)'''
 
 
 def _last_split_only(code: str, fixup: bool, then: tuple[str, ...] = ()) -> str:
