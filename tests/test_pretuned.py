@@ -20,7 +20,8 @@ DATA = sorted((ROOT / "bench" / "data").glob("2026-11-30-h200-sweep*.jsonl.gz"))
 H200 = "NVIDIA H200"
 TUNED = [ROOT / "bench" / "results" / "2026-12-01-h200-llm-tuning-db-session10.json",  # gemmc-search exports
          ROOT / "bench" / "results" / "2026-12-01-h200-tuning-db-session15.json",     # 128x4096x14336 on 0.3.3
-         ROOT / "bench" / "results" / "2026-12-01-h200-tuning-db-session17.json"]     # sw8 256x160, own clock
+         ROOT / "bench" / "results" / "2026-12-01-h200-tuning-db-session17.json",     # sw8 256x160, own clock
+         ROOT / "bench" / "results" / "2026-12-01-h200-tuning-db-session18.json"]     # M = 64/128, BK 128
 CHECKS = ([ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-session11{part}.json"
            for part in ("-set3", "-set4", "")]
           + [ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-session12-{part}.json"
