@@ -86,10 +86,10 @@ class Schedule:
     # with B's rows instead of padding A's few rows to 64; the output is stored from registers at its
     # transposed coordinate.
     swap_ab: bool = False
-    # stream-K (sm_90a, cooperative, split_k 1): the grid's clusters each take an equal share of all
-    # (tile, k-tile) iterations, so a tile may be split across CTAs at any k-tile; the last CTA to finish a
-    # split tile sums the f32 partials (in CTA order) and runs the epilogue. Fills every SM when the tile
-    # count would leave some idle (M <= 128 shapes with a few dozen tiles of long K).
+    # stream-K (sm_90a, cooperative, split_k 1): whole waves of tiles run data-parallel, the last partial
+    # wave's tiles and one full wave's are shared out as equal runs of (tile, k-tile) iterations, and the
+    # last CTA to finish a split tile sums the f32 partials (in cluster order) and runs the epilogue. On the
+    # H200 it rescues tiles that quantize badly but loses to a tile that already fits the grid (session 18).
     stream_k: bool = False
 
     def __post_init__(self):
