@@ -91,6 +91,9 @@ VARIANTS = {
     # 192-row cooperative tiles: the two consumer warpgroups split the columns (three 64-row WGMMAs each)
     "coop_tn_192x192_c1x2_sw8m": ({}, S((192, 192, 64), (1, 2), swizzle=8)),
     "coop_epi_192x128_c1x2_sw8m": (EPI_BIAS_RELU_RES, S((192, 128, 64), (1, 2), swizzle=8)),
+    # N tiles that 32 does not divide: 16-column epilogue sub-tiles (with a TMA-loaded residual)
+    "pp_tn_64x48x128": ({}, S((64, 48, 128), mode="pingpong")),
+    "coop_epi_128x80x128": (EPI_BIAS_RELU_RES, S((128, 80, 128))),
     # stream-K: whole waves data-parallel, the last ones' (tile, k-tile) iterations shared out; split tiles fixed up
     "streamk_tn_128x128": ({}, S((128, 128, 64), stream_k=True)),
     "streamk_tn_128x64_c1x2": ({}, S((128, 64, 64), (1, 2), stream_k=True)),

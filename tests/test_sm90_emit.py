@@ -316,6 +316,10 @@ COMPILES = {
     "pingpong_1x2_sw4_splitk2": (GemmSpec(), dict(cluster=(1, 2), mode="pingpong", swizzle=4, split_k=2)),
     # 192 rows: the consumer warpgroups split the columns, so each WGMMA is 64 x BN/2
     "coop_192x192_1x2": (GemmSpec(), dict(tile=(192, 192, 64), cluster=(1, 2), swizzle=8)),
+    # 16-column epilogue sub-tiles: a tile N that 32 does not divide, with a TMA-loaded full input
+    "pingpong_64x80x128_epi": (GemmSpec(inputs=(EpilogueInput("res", "full", "bf16"),),
+                                       epilogue=(EpilogueOp("add", (A(), I("res"))),)),
+                               dict(tile=(64, 80, 128), mode="pingpong")),
 }
 
 
@@ -443,3 +447,18 @@ def test_192_row_tiles_refuse_what_they_do_not_support():
 def test_192_row_tile_ptx_issues_half_width_wgmmas(ptx_of):
     _, ptx = ptx_of("coop_192x192_1x2")
     assert set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)) == {"m64n96k16"}
+
+
+@pytest.mark.parametrize("bn, en, sw", [(48, 16, 32), (80, 16, 32), (112, 16, 32), (96, 32, 64), (160, 32, 64), (16, 16, 32)])
+def test_tiles_that_32_does_not_divide_store_16_column_sub_tiles(bn, en, sw):
+    """N tiles of 48, 80, 112 ... split N into about one wave (6144 / 48 = 128 tiles, 10240 / 80 = 128 on
+    132 SMs); their epilogue stores 16-column sub-tiles, as a 16-wide tile's does, and TMA-loads full inputs
+    in the same boxes. 32-column multiples keep 32-column sub-tiles."""
+    spec = GemmSpec(inputs=(EpilogueInput("res", "full", "bf16"),), epilogue=(EpilogueOp("add", (A(), I("res"))),))
+    for sched in (dict(tile=(64, bn, 128), mode="pingpong"), dict(tile=(128, bn, 64))):
+        assert check_schedule(Schedule(**sched), spec) == []
+        plan = plan_of(spec, **sched)
+        assert plan.pipeline.epi_tile == (sched["tile"][0] if sched.get("mode") == "pingpong" else 128, en)
+        assert plan.copy("c").box == (plan.pipeline.epi_tile[0], en) and plan.copy("c").swizzle_bytes == sw
+        assert plan.copy("res").box == plan.copy("c").box
+    assert "tile N" in {v.limit for v in check_schedule(Schedule((64, 40, 64), mode="pingpong"), spec)}
