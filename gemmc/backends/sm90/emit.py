@@ -103,24 +103,16 @@ def params_of(plan: KernelPlan) -> tuple[Param, ...]:
         # flat f32 partials, viewed in the kernel as (M, N, SPLIT_K * L): split s of batch l at s * L + l
         out.append(Param("workspace", "workspace", DType.f32, (elems,), role="workspace",
                          workspace_elems=elems))
-    elif sk > 1:
-        # flat f32 partials in register-fragment order, SPLIT_K per (padded) output tile; one i32 arrival
-        # counter per tile, which the runtime hands over zeroed and the kernel leaves zeroed
+    elif sk > 1 or plan.scheduler.split_k_mode == "stream":
+        # flat f32 partials in register-fragment order: SPLIT_K per (padded) output tile under the fix-up;
+        # under stream-K two per CTA slot (a CTA's first and last pieces are its only split ones). One i32
+        # arrival counter per tile, which the runtime hands over zeroed and the kernel leaves zeroed
         bm, bn, _ = plan.tile
         cm, cn = plan.cluster
         tiles = (f"({batch}) * (((({_dim_expr(p.m)}) + {bm * cm - 1}) // {bm * cm}) * {cm})"
                  f" * (((({_dim_expr(p.n)}) + {bn * cn - 1}) // {bn * cn}) * {cn})")   # whole clusters
-        elems = f"{sk * bm * bn} * {tiles}"
-        out.append(Param("workspace", "workspace", DType.f32, (elems,), role="workspace", workspace_elems=elems))
-        out.append(Param("semaphores", "semaphore", DType.i32, (tiles,), role="semaphore", workspace_elems=tiles))
-    elif plan.scheduler.split_k_mode == "stream":
-        # stream-K: at most two split pieces per CTA (its first and last), each a whole tile of f32 partials
-        # in register-fragment order; one i32 arrival counter per (padded) output tile, as under the fix-up
-        bm, bn, _ = plan.tile
-        cm, cn = plan.cluster
-        elems = str(2 * _max_clusters(plan) * cm * cn * bm * bn)
-        tiles = (f"({batch}) * (((({_dim_expr(p.m)}) + {bm * cm - 1}) // {bm * cm}) * {cm})"
-                 f" * (((({_dim_expr(p.n)}) + {bn * cn - 1}) // {bn * cn}) * {cn})")
+        elems = (str(2 * _max_clusters(plan) * cm * cn * bm * bn) if plan.scheduler.split_k_mode == "stream"
+                 else f"{sk * bm * bn} * {tiles}")
         out.append(Param("workspace", "workspace", DType.f32, (elems,), role="workspace", workspace_elems=elems))
         out.append(Param("semaphores", "semaphore", DType.i32, (tiles,), role="semaphore", workspace_elems=tiles))
     return tuple(out)
@@ -171,6 +163,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     sk = plan.scheduler.split_k
     fixup = sk > 1 and plan.scheduler.split_k_mode == "fixup"
     stream = plan.scheduler.split_k_mode == "stream"
+    sums_partials = fixup or stream     # the kernel sums split tiles' f32 partials itself (workspace, semaphores)
     reduce_kernel = sk > 1 and not fixup
     batched = p.batch is not None
     entry = f"{p.name}_sm90"
@@ -318,7 +311,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                "stride=(cute.size(out_mnl, mode=[1]), 1, cute.size(out_mnl, mode=[0]) * cute.size(out_mnl, mode=[1]))))")
     store_target = "ws_mnl" if reduce_kernel else "out_mnl"
     in_views = input_view_lines(main_inputs, batched)
-    kernel_in_args = (["workspace", "semaphores"] if fixup or stream else []) + input_kernel_args(main_inputs)
+    kernel_in_args = (["workspace", "semaphores"] if sums_partials else []) + input_kernel_args(main_inputs)
     staged_host = []
     staged_storage = []
     for i in staged:
@@ -406,7 +399,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         kernel_in_args="".join(", " + x for x in kernel_in_args),
         staged_storage=_indent(staged_storage + (["epi_load_barriers: cute.struct.MemRange[cutlass.Int64, 2]"] if staged else [])
                                + (["fixup_flags: cute.struct.MemRange[cutlass.Int32, 2]   # split-K fix-up: arrivals seen"]
-                                  if fixup or stream else []), 8),
+                                  if sums_partials else []), 8),
         staged_host=_indent(staged_host, 4), reduce_lines=_indent(reduce_lines, 4),
         sched_order=("raster order + swizzle from the plan" if plan.scheduler.swizzle == 1 else
                      "enumerated M-major and unswizzled: swizzled_tile applies the plan's order"),
@@ -436,9 +429,10 @@ def _max_clusters(plan: KernelPlan) -> int:
 
 
 def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup: bool, stream: bool) -> str:
+    sums_partials = fixup or stream
     # an input's (m, n) in the problem: swapped A/B put the problem's n on the kernel's m coordinate
     coords = ("en", "em", "el") if plan.swap_ab else ("em", "en", "el")
-    kparams = "".join(",\n    " + x for x in (["mWS: cute.Tensor", "mSem: cute.Tensor"] if fixup or stream else [])
+    kparams = "".join(",\n    " + x for x in (["mWS: cute.Tensor", "mSem: cute.Tensor"] if sums_partials else [])
                       + input_kernel_params(inputs))
 
     staged = tma_inputs(plan, inputs)
@@ -725,10 +719,12 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup
 
 
 def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpong: bool, staged_loop: str,
-                     staged: bool, fixup: bool, stream: bool = False) -> str:
+                     staged: bool, fixup: bool, stream: bool) -> str:
     """Consumer main loop + epilogue. Cooperative: both WGs walk every tile, each owning half the rows.
     Ping-pong: WG c takes work units c, c+2, ...; ordered named barriers alternate main loops and
-    epilogues between the two WGs, and the stage counter skips the other WG's k-tiles."""
+    epilogues between the two WGs, and the stage counter skips the other WG's k-tiles. Under the split-K
+    fix-up or stream-K, the epilogue and store of a split tile run only in its last piece to arrive."""
+    sums_partials = fixup or stream
     body = _block('''
         $r2s_setup
         epi_threads = 128 if PINGPONG else 128 * NUM_CONSUMER_WG
@@ -806,11 +802,11 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
         store_pipeline.producer_tail()
     ''', r2s_setup=_R2S_SWAPPED if plan.swap_ab else _R2S_TMA,
         split_decode=_indent(split_decode.splitlines(), 4),
-        fixup=_indent_tail(_STREAM_K_FIXUP if stream else _FIXUP, 4) + "\n    " if fixup or stream else "",
+        fixup=_indent_tail(_STREAM_K_FIXUP if stream else _FIXUP, 4) + "\n    " if sums_partials else "",
         # staged inputs only set up their partitions here, which the guarded store reads: left unguarded
-        epi_math=_indent_tail(_last_split_only(epi_math, (fixup or stream) and not staged), 4),
-        fixup_setup=("\n" + _FIXUP_SETUP) if fixup or stream else "",
-        count_tile="" if fixup or stream else "num_tiles_done += 1",
+        epi_math=_indent_tail(_last_split_only(epi_math, sums_partials and not staged), 4),
+        fixup_setup=("\n" + _FIXUP_SETUP) if sums_partials else "",
+        count_tile="" if sums_partials else "num_tiles_done += 1",
         loop_init="sk_v = 0" if stream else "work = tile_sched.get_current_work()",
         loop_head=("while sk_v < sk_len:" if stream else
                    "while work.is_valid_tile:\n    tile_m, tile_n, tile_l_raw = work.tile_idx"),
@@ -819,7 +815,7 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
         staged_setup=("epi_bar = epi_load_bar + (consumer_wg if PINGPONG else 0)\nepi_phase = cutlass.Int32(0)"
                       if staged else ""),
         store=_indent_tail(_last_split_only(Template(_STORE_DIRECT if plan.swap_ab else _STORE_TMA).substitute(
-            staged_loop=_indent(staged_loop.splitlines(), 4)).strip("\n"), fixup or stream, ("num_tiles_done += 1",)), 4),
+            staged_loop=_indent(staged_loop.splitlines(), 4)).strip("\n"), sums_partials, ("num_tiles_done += 1",)), 4),
         skip_first=_indent_tail(_skip_stages("first"), 8), skip_other=_indent_tail(_skip_stages("other"), 8))
     return _indent(body.splitlines(), 8)
 
@@ -883,12 +879,11 @@ fx_acc = cute.make_tensor(accumulators.iterator, cute.make_layout((4, fx_chunks)
 fx_copy = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128)
 fx_in = cute.make_rmem_tensor((4,), cutlass.Float32)
 sFix = storage.fixup_flags.get_tensor(cute.make_layout(2))'''
-_FIXUP = '''# ---- split-K fix-up: publish this split's partial, count arrivals; the last split sums and stores.
-# Float4 c of thread t of split s's partial is at ((tile * SPLIT_K + s) * fx_chunks + c) * epi_threads + t
-fx_split = tile_l_raw // num_l
-fx_tile = (tile_l * fx_tiles_n + tile_n) * fx_tiles_m + tile_m
-fx_mine = cute.make_tensor(
-    mWS.iterator + cute.assume(((fx_tile * SPLIT_K + fx_split) * fx_chunks * epi_threads + consumer_tidx) * 4, divby=4),
+# Both in-kernel sums (the split-K fix-up and stream-K) publish a partial the same way: this group's
+# accumulators, as float4s, to workspace unit $unit (float4 c of thread t at (unit * fx_chunks + c) *
+# epi_threads + t), then one thread counts the arrival on tile fx_tile's semaphore into sFix
+_PUBLISH_PARTIAL = Template('''fx_mine = cute.make_tensor(
+    mWS.iterator + cute.assume(($unit * fx_chunks * epi_threads + consumer_tidx) * 4, divby=4),
     cute.make_layout((4, fx_chunks), stride=(1, 4 * epi_threads)))
 cute.copy(fx_copy, fx_acc, fx_mine)
 epi_barrier.arrive_and_wait()
@@ -896,7 +891,12 @@ if consumer_tidx == 0:
     cute.arch.fence_acq_rel_gpu()   # release: the group's partial stores (ordered by the barrier) before the count
     sFix[(consumer_wg if PINGPONG else 0)] = cute.arch.atomic_add(
         mSem.iterator + fx_tile, cutlass.Int32(1), sem="acq_rel", scope="gpu")
-epi_barrier.arrive_and_wait()
+epi_barrier.arrive_and_wait()''')
+_FIXUP = '''# ---- split-K fix-up: publish this split's partial, count arrivals; the last split sums and stores.
+# Float4 c of thread t of split s's partial is at ((tile * SPLIT_K + s) * fx_chunks + c) * epi_threads + t
+fx_split = tile_l_raw // num_l
+fx_tile = (tile_l * fx_tiles_n + tile_n) * fx_tiles_m + tile_m
+''' + _PUBLISH_PARTIAL.substitute(unit="(fx_tile * SPLIT_K + fx_split)") + '''
 is_last = sFix[(consumer_wg if PINGPONG else 0)] == SPLIT_K - 1
 if is_last:
     for c in cutlass.range_constexpr(fx_chunks):
@@ -965,15 +965,7 @@ if k_count < k_tile_total:
     # this piece is its cluster's first (j = 0) unless the share began in an earlier tile (j = 1)
     sk_unit = (sk_cluster * 2 + cutlass.min(sk_it - sk_begin, 1)) * (CLUSTER_MN[0] * CLUSTER_MN[1]) + cta_rank
     fx_tile = (tile_l * fx_tiles_n + tile_n) * fx_tiles_m + tile_m
-    fx_mine = cute.make_tensor(
-        mWS.iterator + cute.assume((sk_unit * fx_chunks * epi_threads + consumer_tidx) * 4, divby=4),
-        cute.make_layout((4, fx_chunks), stride=(1, 4 * epi_threads)))
-    cute.copy(fx_copy, fx_acc, fx_mine)
-    epi_barrier.arrive_and_wait()
-    if consumer_tidx == 0:
-        cute.arch.fence_acq_rel_gpu()   # release: the group's partial stores (ordered by the barrier) before the count
-        sFix[0] = cute.arch.atomic_add(mSem.iterator + fx_tile, cutlass.Int32(1), sem="acq_rel", scope="gpu")
-    epi_barrier.arrive_and_wait()
+''' + textwrap.indent(_PUBLISH_PARTIAL.substitute(unit="sk_unit"), "    ") + '''
     is_last = sFix[0] == sk_owner_last - sk_owner_first
     if is_last:
         for c in cutlass.range_constexpr(fx_chunks):
