@@ -199,6 +199,9 @@ def ab_stage_bytes(s: Schedule, spec: GemmSpec) -> int:
 
 
 FIXUP_MAX_SPLITS = 2
+# swapped (decode) kernels split K to fill the SMs when out^T has few tiles (4096 / 64 = 64 at N = 4096);
+# their partials are small (64-128 x 8-64 f32), so the fix-up sums all of them
+SWAP_MAX_SPLITS = 4
 
 
 def split_k_mode(s: Schedule) -> str:
@@ -212,7 +215,8 @@ def split_k_mode(s: Schedule) -> str:
         return "stream"     # stream-K: the last CTA of a split tile sums its partials, as the fix-up does
     if s.split_k == 1:
         return "none"
-    return "fixup" if s.arch == "sm_90a" and s.split_k <= FIXUP_MAX_SPLITS else "serial"
+    # swapped kernels store from registers, which the reduce kernel's staged partials do not
+    return "fixup" if s.arch == "sm_90a" and (s.split_k <= FIXUP_MAX_SPLITS or s.swap_ab) else "serial"
 
 
 def epilogue_smem_bytes(s: Schedule, spec: GemmSpec) -> int:
@@ -279,9 +283,9 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
         add("swap_ab", s.swap_ab, "use False (the default) or True (the kernel computes out^T = b @ a^T)")
     elif s.swap_ab and not sm90:
         add("swap_ab", True, "swapping A and B is SM90-only: use swap_ab=False on sm_80")
-    elif s.swap_ab and s.split_k > 1:
-        add("swap_ab with split_k", s.split_k, "a swapped kernel stores from registers and has no split-K "
-            "fix-up: use split_k=1 (a swapped decode kernel streams B with whole-K tiles)")
+    elif s.swap_ab and s.split_k > SWAP_MAX_SPLITS:
+        add("swap_ab with split_k", s.split_k, f"a swapped kernel sums its splits in the kernel, at most "
+            f"{SWAP_MAX_SPLITS}: lower split_k")
     if not isinstance(s.stream_k, bool):
         add("stream_k", s.stream_k, "use False (the default) or True (stream-K: equal k-iteration shares per CTA)")
     elif s.stream_k:

@@ -94,11 +94,15 @@ VARIANTS = {
     # N tiles that 32 does not divide: 16-column epilogue sub-tiles (with a TMA-loaded residual)
     "pp_tn_64x48x128": ({}, S((64, 48, 128), mode="pingpong")),
     "coop_epi_128x80x128": (EPI_BIAS_RELU_RES, S((128, 80, 128))),
+    "pp_tn_64x112x128_c1x2": ({}, S((64, 112, 128), (1, 2), mode="pingpong")),
     # stream-K: whole waves data-parallel, the last ones' (tile, k-tile) iterations shared out; split tiles fixed up
     "streamk_tn_128x128": ({}, S((128, 128, 64), stream_k=True)),
     "streamk_tn_128x64_c1x2": ({}, S((128, 64, 64), (1, 2), stream_k=True)),
     "streamk_tn_128x256_c2x1_sw8n": ({}, S((128, 256, 64), (2, 1), raster="n", swizzle=8, stream_k=True)),
     "streamk_swap_128x32_c2x1": ({}, S((128, 32, 64), (2, 1), swap_ab=True, stream_k=True)),
+    # swapped split-K (the in-kernel fix-up), with the row and full epilogue inputs read from global memory
+    "splitk2_swap_pp_64x8x128": ({}, S((64, 8, 128), mode="pingpong", stages=10, split_k=2, swap_ab=True)),
+    "splitk3_swap_epi_128x16_c1x2": (EPI_BIAS_RELU_RES, S((128, 16, 64), (1, 2), split_k=3, swap_ab=True)),
     "streamk_epi_256x128_c1x2_batched": (dict(EPI_BIAS_RELU_RES, batch="L"), S((256, 128, 64), (1, 2), stream_k=True)),
 }
 # hand-picked schedules for the speed comparison (one compiled kernel serves every shape)

@@ -42,7 +42,7 @@ def test_variant_matches_fp32_reference(name):
 DRAWN = ["coop_tn_c1x1", "coop_tn_c2x1", "coop_tn_c1x2", "coop_tn_c2x2_sw8n", "coop_nn_256x128", "coop_tt",
          "coop_nt", "pp_tn_c2x1", "pp_nn_64x256", "splitk2_tn", "splitk4_epi", "pp_tn_64x224_c1x2",
          "coop_nn_128x160_c2x1", "splitk2_pp_64x160", "pp_tn_c2x1_sw4m_batched", "splitk2_c1x2_sw8m",
-         "streamk_tn_128x64_c1x2", "streamk_swap_128x32_c2x1"]
+         "streamk_tn_128x64_c1x2", "streamk_swap_128x32_c2x1", "splitk2_swap_pp_64x8x128"]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
@@ -134,10 +134,13 @@ SWAPPED = [dict(tile=(128, 16, 64), mode="pingpong", stages=12, swap_ab=True),
            dict(tile=(64, 64, 128), mode="pingpong", cluster=(1, 2), swap_ab=True),
            dict(tile=(128, 32, 128), mode="cooperative", cluster=(1, 2), swap_ab=True),
            # 8-wide activation tiles (WGMMA N = 8; swapped kernels only), paired
-           dict(tile=(64, 8, 128), mode="pingpong", cluster=(1, 2), stages=10, swap_ab=True)]
+           dict(tile=(64, 8, 128), mode="pingpong", cluster=(1, 2), stages=10, swap_ab=True),
+           # split K, summed in the kernel: twice the CTAs where out^T has few tiles
+           dict(tile=(64, 8, 128), mode="pingpong", stages=10, split_k=2, swap_ab=True),
+           dict(tile=(128, 16, 64), mode="cooperative", cluster=(1, 2), split_k=3, swap_ab=True)]
 
 
-@pytest.mark.parametrize("sched", SWAPPED, ids=lambda s: "x".join(map(str, s["tile"])) + "_" + s["mode"][:4])
+@pytest.mark.parametrize("sched", SWAPPED, ids=lambda s: gemmc.Schedule(**s).short())
 @pytest.mark.parametrize("case", ["plain", "layouts_km_kn", "layouts_mk_kn", "layouts_km_nk", "batched", "epilogue"])
 def test_swapped_ab_matches_fp32_reference(sched, case):
     """swap_ab kernels (out^T = b @ a^T, stored from registers at transposed coordinates): M from 1 to

@@ -371,7 +371,7 @@ def test_tune_also_measures_listed_schedules_once_and_keeps_them_out_of_the_stra
     from gemmc.search.rl import examples_from_db
     db = TuningDB(tmp_path / "t.sqlite")
     swapped = [parse_schedule("128x16x64_pp_s12_swap"), parse_schedule("64x16x128_pp_s10_swap"),
-               parse_schedule("128x16x64_pp_k2_swap")]          # the last is invalid (swap_ab needs split_k=1)
+               parse_schedule("128x16x64_pp_k8_swap")]          # the last is invalid (swapped: split_k <= 4)
     measure, calls = _drifting()
 
     def tune(budget):

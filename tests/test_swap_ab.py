@@ -34,7 +34,8 @@ def test_the_schedule_spells_and_checks_the_swap():
     assert parse_schedule("128x16x64_pp_s12_swap") == SWAP
     spec = GemmSpec(m=16, n=4096, k=4096)
     assert not check_schedule(SWAP, spec)
-    assert [v.limit for v in check_schedule(SWAP.with_(split_k=2), spec)] == ["swap_ab with split_k"]
+    assert not check_schedule(SWAP.with_(split_k=4), spec)
+    assert [v.limit for v in check_schedule(SWAP.with_(split_k=5), spec)] == ["swap_ab with split_k"]
     sm80 = check_schedule(Schedule(tile=(128, 128, 32), arch="sm_80", swap_ab=True), spec)
     assert [v.limit for v in sm80] == ["swap_ab"] and "SM90-only" in str(sm80[0])
     # an 8-wide N tile: swapped kernels store from registers, so WGMMA's N = 8 is theirs alone
@@ -81,23 +82,37 @@ def test_the_emitted_host_swaps_the_operands_and_views_out_transposed():
     assert "SWAP_AB" not in plain and "tma_c, tma_c_mnl = cpasync.make_tiled_tma_atom(" in plain
 
 
-def test_a_swapped_plan_with_split_k_is_refused():
-    _, plan = lower(GemmSpec(m="M", n="N", k="K"), SWAP)
-    bad = replace(plan, scheduler=replace(plan.scheduler, split_k=2, split_k_mode="fixup"))
-    with pytest.raises(BuildError, match="split_k=1"):
+def test_swapped_split_k_sums_in_the_kernel_over_the_transposed_tiles():
+    """Swapped, every split count takes the in-kernel fix-up (the reduce kernel stages its partials through
+    smem, which a swapped kernel does not use), and the workspace and semaphores count out^T's tiles."""
+    from gemmc.schedule import split_k_mode
+    for sk in (2, 3, 4):
+        assert split_k_mode(SWAP.with_(split_k=sk)) == "fixup"
+        assert split_k_mode(SWAP.with_(split_k=sk, swap_ab=False, stages="auto")) == ("fixup" if sk == 2 else "serial")
+    _, plan = lower(GemmSpec(m=72, n=8, k=4096), SWAP.with_(tile=(64, 8, 128), stages=10, split_k=3))
+    params = {p.name: p for p in emit(plan).params}
+    # the kernel's M is n = 8 (one 64-row tile), its N is m = 72 (nine 8-wide tiles): 9 tiles, not 2 x 1
+    assert eval(params["semaphores"].workspace_elems) == 9
+    assert eval(params["workspace"].workspace_elems) == 3 * 64 * 8 * 9
+    bad = replace(plan, scheduler=replace(plan.scheduler, split_k_mode="serial"))
+    with pytest.raises(BuildError, match="fixup"):
         emit(bad)
 
 
 @pytest.mark.parametrize("sched", [SWAP, SWAP.with_(tile=(128, 64, 64), mode="cooperative", stages="auto",
                                                     cluster=(2, 1)),
                                    SWAP.with_(tile=(64, 32, 128), cluster=(1, 2), stages=9),
-                                   SWAP.with_(tile=(64, 8, 128), cluster=(1, 2), stages=10)],
-                         ids=["pp_128x16", "coop_128x64_c2x1", "pp_64x32x128_c1x2_s9", "pp_64x8x128_c1x2_s10"])
+                                   SWAP.with_(tile=(64, 8, 128), cluster=(1, 2), stages=10),
+                                   SWAP.with_(tile=(64, 8, 128), stages=10, split_k=2)],
+                         ids=["pp_128x16", "coop_128x64_c2x1", "pp_64x32x128_c1x2_s9", "pp_64x8x128_c1x2_s10",
+                              "pp_64x8x128_s10_k2"])
 def test_ptx_loads_with_tma_and_stores_from_registers(sched):
     _, plan = lower(GemmSpec(m="M", n="N", k="K"), sched)
     ptx = compiled_ptx(emit(plan))
     for inst in ("wgmma.mma_async", "cp.async.bulk.tensor", "mbarrier", "setmaxnreg", "st.global"):
         assert inst in ptx, inst
+    # split: the fix-up counts arrivals with a gpu-scope atomic add
+    assert (re.search(r"atom(\.\w+)*\.add", ptx) is not None) == (sched.split_k > 1)
     assert not re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared::cta", ptx)   # no TMA store
     assert (".multicast::cluster" in ptx) == (sched.cluster != (1, 1))
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{sched.tile[1]}k16", ptx)

@@ -68,8 +68,9 @@ def _check(plan: KernelPlan) -> None:
     if plan.copy("c").kind != want_c:
         raise BuildError(f"SM90 store copy kind {plan.copy('c').kind!r}; expected {want_c!r} "
                          f"(swap_ab={plan.swap_ab})")
-    if plan.swap_ab and plan.scheduler.split_k > 1:
-        raise BuildError("a swapped (swap_ab) SM90 plan has no split-K path: use split_k=1")
+    if plan.swap_ab and plan.scheduler.split_k_mode == "serial":
+        raise BuildError("a swapped (swap_ab) SM90 plan sums its split-K partials in the kernel: use "
+                         "split_k_mode fixup (Schedule picks it for every swapped split)")
     if plan.scheduler.split_k_mode == "stream" and (plan.mode != "cooperative" or plan.scheduler.split_k != 1):
         raise BuildError("SM90 stream-K is built for cooperative kernels with split_k 1; the plan has mode "
                          f"{plan.mode!r}, split_k {plan.scheduler.split_k}")
@@ -109,8 +110,9 @@ def params_of(plan: KernelPlan) -> tuple[Param, ...]:
         # arrival counter per tile, which the runtime hands over zeroed and the kernel leaves zeroed
         bm, bn, _ = plan.tile
         cm, cn = plan.cluster
-        tiles = (f"({batch}) * (((({_dim_expr(p.m)}) + {bm * cm - 1}) // {bm * cm}) * {cm})"
-                 f" * (((({_dim_expr(p.n)}) + {bn * cn - 1}) // {bn * cn}) * {cn})")   # whole clusters
+        km, kn = (p.n, p.m) if plan.swap_ab else (p.m, p.n)     # the kernel's (M, N): swapped, out^T's
+        tiles = (f"({batch}) * (((({_dim_expr(km)}) + {bm * cm - 1}) // {bm * cm}) * {cm})"
+                 f" * (((({_dim_expr(kn)}) + {bn * cn - 1}) // {bn * cn}) * {cn})")   # whole clusters
         elems = (str(2 * _max_clusters(plan) * cm * cn * bm * bn) if plan.scheduler.split_k_mode == "stream"
                  else f"{sk * bm * bn} * {tiles}")
         out.append(Param("workspace", "workspace", DType.f32, (elems,), role="workspace", workspace_elems=elems))
