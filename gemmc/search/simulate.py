@@ -10,7 +10,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
 import random
 import statistics
 from dataclasses import dataclass, field

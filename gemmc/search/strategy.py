@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Protocol, Sequence
 
 from ..schedule import Schedule, enumerate_schedules, is_valid

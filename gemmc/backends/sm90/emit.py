@@ -371,11 +371,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
 
         $staged_host
 
-            # tile scheduler: (M tiles, N tiles, SPLIT_K * L) work units, $sched_order
-            tiles_mnl = cute.zipped_divide(out_mnl, tiler=(TILE_MNK[0], TILE_MNK[1]))[(0, (None, None, None))].shape
-            sched_params = utils.PersistentTileSchedulerParams(
-                (tiles_mnl[0], tiles_mnl[1], tiles_mnl[2] * SPLIT_K), (*CLUSTER_MN, 1), $sched_args)
-            $grid_line
+        $sched_host
 
             @cute.struct
             class SharedStorage:
@@ -386,7 +382,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         $staged_storage
 
             gemm_kernel(tma_a, tma_a_mkl, tma_b, tma_b_nkl, $c_args, tiled_mma,
-                        a_smem, b_smem, c_smem, sched_params, SharedStorage$kernel_in_args).launch(
+                        a_smem, b_smem, c_smem, $sched_arg SharedStorage$kernel_in_args).launch(
                 grid=grid, block=[THREADS, 1, 1], cluster=(*CLUSTER_MN, 1), min_blocks_per_mp=1, stream=stream,
                 use_pdl=PDL)
         $reduce_lines
@@ -403,12 +399,18 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                                + (["fixup_flags: cute.struct.MemRange[cutlass.Int32, 2]   # split-K fix-up: arrivals seen"]
                                   if sums_partials else []), 8),
         staged_host=_indent(staged_host, 4), reduce_lines=_indent(reduce_lines, 4),
-        sched_order=("raster order + swizzle from the plan" if plan.scheduler.swizzle == 1 else
-                     "enumerated M-major and unswizzled: swizzled_tile applies the plan's order"),
-        sched_args="SWIZZLE, RASTER_ALONG_M" if plan.scheduler.swizzle == 1 else "1, True",
-        grid_line=_indent_tail(_STREAM_K_GRID if stream else
-                               "grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, MAX_ACTIVE_CLUSTERS)",
-                               4))
+        # stream-K walks its iterations itself: no static scheduler to set up
+        sched_host=_indent((_TILES_MNL + "\n" + _STREAM_K_GRID if stream else _block('''
+            # tile scheduler: (M tiles, N tiles, SPLIT_K * L) work units, $sched_order
+            $tiles_mnl
+            sched_params = utils.PersistentTileSchedulerParams(
+                (tiles_mnl[0], tiles_mnl[1], tiles_mnl[2] * SPLIT_K), (*CLUSTER_MN, 1), $sched_args)
+            grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, MAX_ACTIVE_CLUSTERS)''',
+            sched_order=("raster order + swizzle from the plan" if plan.scheduler.swizzle == 1 else
+                         "enumerated M-major and unswizzled: swizzled_tile applies the plan's order"),
+            sched_args="SWIZZLE, RASTER_ALONG_M" if plan.scheduler.swizzle == 1 else "1, True",
+            tiles_mnl=_TILES_MNL)).splitlines(), 4),
+        sched_arg="" if stream else "sched_params,")
 
     kernel = _kernel_source(plan, main_ops, main_inputs, pingpong, sk, fixup, stream)
     parts = [header, facts, host, kernel]
@@ -417,6 +419,10 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     source = resolve_mode("\n\n\n".join(parts), pingpong)
     source = "\n".join(ln.rstrip() for ln in source.split("\n")) + "\n"
     return EmittedKernel(arch="sm_90a", source=source, entry=entry, params=params, compile_arch="sm_90a")
+
+
+_TILES_MNL = ("tiles_mnl = cute.zipped_divide(out_mnl, tiler=(TILE_MNK[0], TILE_MNK[1]))"
+              "[(0, (None, None, None))].shape")
 
 
 def _reorders(plan: KernelPlan) -> bool:
@@ -541,7 +547,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup
             tma_a: cute.CopyAtom, mA_mkl: cute.Tensor, tma_b: cute.CopyAtom, mB_nkl: cute.Tensor,
             $c_params, tiled_mma: cute.TiledMma,
             a_smem: cute.ComposedLayout, b_smem: cute.ComposedLayout, c_smem: cute.ComposedLayout,
-            sched_params: utils.PersistentTileSchedulerParams, SharedStorage: cutlass.Constexpr$kparams,
+            ${sched_param}SharedStorage: cutlass.Constexpr$kparams,
         ):
             tidx, _, _ = cute.arch.thread_idx()
             warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -688,6 +694,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup
     ''', kparams=kparams,
         c_params=("mC_mnl: cute.Tensor, out_mnl: cute.Tensor" if plan.swap_ab
                   else "tma_c: cute.CopyAtom, mC_mnl: cute.Tensor, out_mnl: cute.Tensor"),
+        sched_param="" if stream else "sched_params: utils.PersistentTileSchedulerParams, ",
         prefetch_c="" if plan.swap_ab else "        cpasync.prefetch_descriptor(tma_c)",
         staged_init=_indent(staged_init.splitlines(), 4), split_decode_p=_indent(split_decode.splitlines(), 12),
         split_decode_f=_indent(split_decode.splitlines(), 16),
