@@ -7,6 +7,7 @@ and from `gemmc bench --policy heuristic` reports (the table's checks: the heuri
                 bench/results/2026-12-01-h200-tuning-db-session15.json \
                 bench/results/2026-12-01-h200-tuning-db-session17.json \
                 bench/results/2026-12-01-h200-tuning-db-session18.json \
+                bench/results/2026-12-01-h200-tuning-db-session19.json \
         --checks bench/results/2026-12-01-h200-heuristic-checks-session11*.json \
                  bench/results/2026-12-01-h200-heuristic-checks-session12-*.json \
                  bench/results/2026-12-01-h200-heuristic-checks-session13-a.json \
