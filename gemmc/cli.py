@@ -78,7 +78,7 @@ def add_problem_and_schedule_args(p) -> None:
     sch.add_argument("--no-pdl", dest="pdl", action="store_const", const=False, default=None,
                      help="plain launches, not programmatic dependent ones (sm_90a; sm_80 kernels always launch plain)")
     sch.add_argument("--swap-ab", dest="swap_ab", action="store_const", const=True, default=None,
-                     help="swap A and B (sm_90a, split-K 1): the kernel computes out^T = b @ a^T, --tile and "
+                     help="swap A and B (sm_90a, split-K up to 4): the kernel computes out^T = b @ a^T, --tile and "
                           "--cluster read N first; for decode and small-batch shapes (M <= 128)")
     sch.add_argument("--stream-k", dest="stream_k", action="store_const", const=True, default=None,
                      help="stream-K (sm_90a, cooperative, split-K 1): every CTA takes an equal share of all "
