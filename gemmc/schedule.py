@@ -452,6 +452,16 @@ class ScheduleSpace:
         return cls(tile_m=(64, 128), tile_n=(32, 64), tile_k=(64, 128), clusters=((1, 1), (1, 2)), modes=MODES,
                    rasters=("m",), swizzles=(1,), split_ks=(1,), stages=("auto", 9, 10, 13, 16), swap_ab=(True,))
 
+    @classmethod
+    def odd_n_tiles(cls) -> "ScheduleSpace":
+        """Unswapped 64-row ping-pong tiles whose N is an odd multiple of 16 (48, 80, 112), K tile 128, for
+        SWAP_DECODE_MAX_M < M <= SWAP_MAX_M: N splits into about whole waves where the standard widths strand
+        SMs (6144 / 48 = 128 tiles, 57344 / 112 = 512 on 132 SMs). On the H200 they took four M = 64 llm shapes from the
+        picks measured beside them (64x6144x4096: 64x48x128 1.16x against 1.08x; 64x57344x8192: 64x112x128
+        c1x2 1.07-1.10x against 1.06-1.08x in three runs)."""
+        return cls(tile_m=(64,), tile_n=(48, 80, 112), tile_k=(128,), clusters=((1, 1), (1, 2), (2, 1)),
+                   modes=("pingpong",), rasters=("m",), swizzles=(1,), split_ks=(1,), stages=("auto",))
+
     def __iter__(self) -> Iterator[tuple]:
         return itertools.product(self.tile_m, self.tile_n, self.tile_k, self.clusters, self.modes,
                                  self.rasters, self.swizzles, self.split_ks, self.stages, self.swap_ab)
@@ -465,12 +475,12 @@ SWAP_MAX_M = 128
 
 def standard_spaces(spec: GemmSpec, arch: str = "sm_90a") -> tuple[ScheduleSpace, ...]:
     """What the search enumerates for `spec`: the arch's standard space, plus on sm_90a a swapped
-    space when M is known and at most SWAP_MAX_M."""
+    space when M is known and at most SWAP_MAX_M, and past SWAP_DECODE_MAX_M the odd-N tiles."""
     arch = as_arch(arch)
     spaces = (ScheduleSpace.for_arch(arch),)
     if arch == "sm_90a" and isinstance(spec.m, int) and spec.m <= SWAP_MAX_M:
         spaces += ((ScheduleSpace.swapped_decode(),) if spec.m <= SWAP_DECODE_MAX_M
-                   else (ScheduleSpace.swapped_batch(),))
+                   else (ScheduleSpace.swapped_batch(), ScheduleSpace.odd_n_tiles()))
     return spaces
 
 

@@ -250,7 +250,8 @@ def test_the_swapped_spaces_join_only_for_small_known_m_on_sm90():
                                                                ScheduleSpace.swapped_decode())
     for m in (SWAP_DECODE_MAX_M + 1, 64, SWAP_MAX_M):
         assert standard_spaces(GemmSpec(m=m, n=4096, k=4096)) == (ScheduleSpace.for_arch("sm_90a"),
-                                                                  ScheduleSpace.swapped_batch())
+                                                                  ScheduleSpace.swapped_batch(),
+                                                                  ScheduleSpace.odd_n_tiles())
     for spec, arch in ((GemmSpec(m=SWAP_MAX_M + 1, n=4096, k=4096), "sm_90a"),
                        (GemmSpec(m="M", n=4096, k=4096), "sm_90a"),          # M unknown at compile time
                        (GemmSpec(m=16, n=4096, k=4096), "sm_80"),
@@ -263,6 +264,22 @@ def test_the_swapped_spaces_join_only_for_small_known_m_on_sm90():
     assert {s.stages for s in swapped} == {"auto", 10, 16}          # 16 stages only where they fit
     assert {s.cluster for s in swapped} == {(1, 1), (1, 2)}         # alone, or two activation tiles per weight tile
     assert len(small) == len(set(small))                               # the two spaces do not overlap
+
+
+def test_the_odd_n_tiles_join_for_m_33_to_128_and_hold_the_h200_table_winners():
+    from gemmc.schedule import SWAP_DECODE_MAX_M, SWAP_MAX_M
+    narrow = lambda spec: {s.short() for s in enumerate_schedules(spec, "sm_90a") if s.tile[1] in (48, 80, 112)}
+    spec = GemmSpec(m=64, n=57344, k=8192)
+    got = narrow(spec)
+    # 3 widths x 3 clusters, all 64-row ping-pong, K tile 128, unswapped
+    assert len(got) == 9 and all(x.startswith("64x") and "_pp_sauto_rm_sw1_k1" in x and "swap" not in x for x in got)
+    for name in ("64x48x128_c1x1_pp_sauto_rm_sw1_k1", "64x80x128_c1x2_pp_sauto_rm_sw1_k1",
+                 "64x112x128_c1x2_pp_sauto_rm_sw1_k1"):
+        assert name in got, name
+    for m in (SWAP_DECODE_MAX_M, SWAP_MAX_M + 1, "M"):
+        assert not narrow(GemmSpec(m=m, n=57344, k=8192)), m
+    assert not narrow(GemmSpec(m=64, n=57344, k=8192)) - {s.short() for s in enumerate_schedules(spec)}
+    assert not any(s.tile[1] in (48, 80, 112) for s in enumerate_schedules(GemmSpec(m=64, n=4096, k=4096), "sm_80"))
 
 
 def test_the_swapped_batch_space_pairs_activation_tiles_in_a_cluster_and_fills_smem():

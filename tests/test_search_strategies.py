@@ -171,12 +171,16 @@ def test_features_tell_a_swapped_kernel_from_the_same_tile_unswapped():
     spec = gemmc.GemmSpec(m=16, n=4096, k=4096)
     swapped = gemmc.Schedule(tile=(64, 16, 128), mode="pingpong", stages=10, swap_ab=True)
     flat = gemmc.Schedule(tile=(64, 16, 128), mode="pingpong", stages=10)
-    assert FeatureSpec().version == 3
+    assert FeatureSpec().version == 4
     assert len(policy_features(swapped, spec)) == FeatureSpec().dim
     # an 8-wide activation tile (version 3) has its own choice, not an all-zero tile N
     from gemmc.search.features import choice_features
     eight = gemmc.Schedule(tile=(64, 8, 128), cluster=(1, 2), mode="pingpong", stages=10, swap_ab=True)
     assert choice_features(eight) != choice_features(swapped) and sum(choice_features(eight)) == sum(choice_features(swapped))
+    # the odd-N tiles (version 4) likewise: 48/80/112 are choices the policy can learn from
+    from gemmc.search.features import describes
+    waves = [gemmc.Schedule(tile=(64, n, 128), mode="pingpong") for n in (48, 80, 112)]
+    assert all(describes(w) for w in waves) and len({tuple(choice_features(w)) for w in waves}) == 3
     assert gp_features(swapped, spec) != gp_features(flat, spec)
     # the derived part describes the kernel's problem: 4096 / 64 = 64 CTAs, not 1 x 256
     from gemmc.search.features import DERIVED_FEATURES, derived_features

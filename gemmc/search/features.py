@@ -14,11 +14,11 @@ from ..schedule import ARCH_LIMITS, MODES, RASTERS, Schedule, kernel_grid, resol
 from ..spec import GemmSpec
 from ..types import DType
 
-FEATURE_VERSION = 3      # 2: swap_ab among the choices, the A/B ring depth, derived features of the kernel's problem;
-                         # 3: tile N 8 (swapped 8-wide activation tiles)
+FEATURE_VERSION = 4      # 2: swap_ab among the choices, the A/B ring depth, derived features of the kernel's problem;
+                         # 3: tile N 8 (swapped 8-wide activation tiles); 4: tile N 48, 80, 112 (odd_n_tiles)
 
 TILE_M_VOCAB = (64, 128, 256)
-TILE_N_VOCAB = (8, 16, 32, 64, 96, 128, 160, 192, 224, 256)
+TILE_N_VOCAB = (8, 16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 TILE_K_VOCAB = (32, 64, 128)
 CLUSTER_VOCAB = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4))
 SWIZZLE_VOCAB = (1, 2, 4, 8)
