@@ -199,8 +199,9 @@ def ab_stage_bytes(s: Schedule, spec: GemmSpec) -> int:
 
 
 FIXUP_MAX_SPLITS = 2
-# swapped (decode) kernels split K to fill the SMs when out^T has few tiles (4096 / 64 = 64 at N = 4096);
-# their partials are small (64-128 x 8-64 f32), so the fix-up sums all of them
+# swapped kernels may split K, always summed by the fix-up (their partials are small: 64-128 x 8-64 f32).
+# On the H200 no split beat the unsplit decode picks, even doubling a 64-CTA grid (sessions 14 and 19), so
+# the search spaces leave them out
 SWAP_MAX_SPLITS = 4
 
 
@@ -456,9 +457,9 @@ class ScheduleSpace:
     def odd_n_tiles(cls) -> "ScheduleSpace":
         """Unswapped 64-row ping-pong tiles whose N is an odd multiple of 16 (48, 80, 112), K tile 128, for
         SWAP_DECODE_MAX_M < M <= SWAP_MAX_M: N splits into about whole waves where the standard widths strand
-        SMs (6144 / 48 = 128 tiles, 57344 / 112 = 512 on 132 SMs). On the H200 they took four M = 64 llm shapes from the
-        picks measured beside them (64x6144x4096: 64x48x128 1.16x against 1.08x; 64x57344x8192: 64x112x128
-        c1x2 1.07-1.10x against 1.06-1.08x in three runs)."""
+        SMs (6144 / 48 = 128 tiles, 57344 / 112 = 512 on 132 SMs). On the H200 they took four M = 64 llm
+        shapes from the picks measured beside them (64x6144x4096: 64x48x128 1.16x against 1.08x;
+        64x57344x8192: 64x112x128 c1x2 1.07-1.10x against 1.06-1.08x in three runs)."""
         return cls(tile_m=(64,), tile_n=(48, 80, 112), tile_k=(128,), clusters=((1, 1), (1, 2), (2, 1)),
                    modes=("pingpong",), rasters=("m",), swizzles=(1,), split_ks=(1,), stages=("auto",))
 
