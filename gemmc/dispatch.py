@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -65,8 +66,9 @@ def _policy(db):
         if key not in _policy_cache:
             try:
                 _policy_cache[key] = db.load_policy()
-            except Exception:   # an incompatible policy is skipped, not fatal: the heuristic still answers
+            except Exception as e:   # an incompatible policy is skipped, not fatal: the heuristic still answers
                 _policy_cache[key] = None
+                warnings.warn(f"gemmc: schedule='auto' skips the policy saved in {db.path}: {e}", stacklevel=3)
         return _policy_cache[key]
 
 

@@ -130,6 +130,21 @@ def test_policy_before_a_distant_neighbour(db):
     assert resolve_auto(gemmc.GemmSpec(512, 4096, 4096), "sm_90a", db=db).source == "nearest"  # within 2x
 
 
+def test_a_policy_of_older_features_is_skipped_with_a_warning(db):
+    """A policy saved under another feature version (e.g. 3, before the odd-N tile widths) cannot score this
+    gemmc's schedules: `auto` says so once, and answers from the neighbours and the heuristic."""
+    import dataclasses
+    from gemmc.search.features import FeatureSpec
+    from gemmc.search.rl import SchedulePolicy
+    old = SchedulePolicy(hidden=8)
+    old.feature_spec = dataclasses.replace(FeatureSpec(), version=3)
+    db.save_policy(old)
+    other = gemmc.GemmSpec(1024, 4096, 4096)
+    with pytest.warns(UserWarning, match="skips the policy saved in .*retrain"):
+        d = resolve_auto(other, "sm_90a", db=db)
+    assert d.source == "heuristic" and is_valid(d.schedule, other)
+
+
 _DIMS = st.sampled_from([16, 64, 128, 256, 512, 1024, 4096])
 
 
