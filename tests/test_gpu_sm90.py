@@ -288,3 +288,27 @@ def test_stream_k_matches_reference_and_repeats_bit_for_bit(sched, m, n, k):
         outs.append(out)
     assert rel_frobenius(outs[0], a.float() @ b.float().T) < 1e-2
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("mode", ["cooperative", "pingpong"])
+def test_relu_and_clamp_keep_a_nan_row_nan_like_torch(mode):
+    """A NaN in A makes its output row NaN: relu and clamp must pass it on (torch does), not turn it into 0
+    or a clamp bound that would hide the overflow."""
+    import torch
+    R = gemmc.spec.Ref
+    spec = gemmc.GemmSpec(m="M", n="N", k="K", epilogue=(
+        gemmc.EpilogueOp("relu", (R("acc"),)),
+        gemmc.EpilogueOp("clamp", (R("node", 0),), (("min", 0.5), ("max", 6.0)))))
+    tile = (128, 128, 64) if mode == "cooperative" else (64, 128, 64)
+    k = gemmc.compile(spec, schedule=gemmc.Schedule(tile=tile, mode=mode))
+    torch.manual_seed(0)
+    a = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(392, 512, device="cuda", dtype=torch.bfloat16)
+    a[7, 100] = float("nan")
+    out = torch.full((300, 392), float("nan"), device="cuda", dtype=torch.bfloat16)
+    k(a, b, out=out)
+    torch.cuda.synchronize()
+    ref = torch.clamp(torch.relu(a.float() @ b.float().T), 0.5, 6.0)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[7]).all()
+    rows = torch.arange(300, device="cuda") != 7
+    torch.testing.assert_close(out[rows].float(), ref[rows], rtol=2e-2, atol=2e-2)

@@ -253,7 +253,14 @@ def _namespace():
     import torch
     ns = types.SimpleNamespace
     cutlass = ns(Float32=_F, BFloat16=torch.bfloat16, Float16=torch.float16)
-    cute = ns(arch=ns(fmax=lambda a, b: _F(max(a, b)), fmin=lambda a, b: _F(min(a, b))),
+    # fmax/fmin with nan=True are IEEE maximum/minimum (NaN in, NaN out); without it, the non-NaN operand
+    def fmax(a, b, nan=False):
+        return _F(math.nan) if nan and (math.isnan(a) or math.isnan(b)) else _F(b if math.isnan(a) else max(a, b))
+
+    def fmin(a, b, nan=False):
+        return _F(math.nan) if nan and (math.isnan(a) or math.isnan(b)) else _F(b if math.isnan(a) else min(a, b))
+
+    cute = ns(arch=ns(fmax=fmax, fmin=fmin),
               math=ns(tanh=lambda x: _F(math.tanh(x)), erf=lambda x: _F(math.erf(x)),
                       exp=lambda x: _F(math.exp(min(x, 700.0)))))
     return {"cutlass": cutlass, "cute": cute}
@@ -283,6 +290,19 @@ def test_epilogue_math_matches_the_op(op, x, y):
     env = {**_namespace(), "acc": _F(x), "y_in": _F(y)}
     exec("\n".join(lines), env)
     assert env[result] == pytest.approx(_reference(op, x, y, attrs), rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("op,attrs", [("relu", {}), ("clamp", {"min": -1.5, "max": 2.0}), ("clamp", {"min": 0.0}),
+                                       ("clamp", {"max": 1.0})])
+def test_epilogue_min_max_keep_nan_like_torch(op, attrs):
+    # an overflowed or NaN accumulator must not come out as 0 or a clamp bound: torch.relu/clamp keep NaN
+    import torch
+    lines, result = epilogue_math_lines([EpilogueOp(op, (A(),), tuple(attrs.items()))], "acc", {})
+    env = {**_namespace(), "acc": _F(math.nan)}
+    exec("\n".join(lines), env)
+    want = torch.relu(torch.tensor(math.nan)) if op == "relu" else torch.clamp(torch.tensor(math.nan), **attrs)
+    assert math.isnan(env[result]) and math.isnan(want.item())
+    assert all("nan=True" in line for line in lines if "fmax" in line or "fmin" in line)
 
 
 def test_epilogue_math_chains_nodes_and_constants():
@@ -320,6 +340,10 @@ COMPILES = {
     "pingpong_64x80x128_epi": (GemmSpec(inputs=(EpilogueInput("res", "full", "bf16"),),
                                        epilogue=(EpilogueOp("add", (A(), I("res"))),)),
                                dict(tile=(64, 80, 128), mode="pingpong")),
+    # relu and clamp keep a NaN accumulator NaN (FMNMX.NaN), as torch does
+    "pingpong_relu_clamp": (GemmSpec(epilogue=(EpilogueOp("relu", (A(),)),
+                                               EpilogueOp("clamp", (N(0),), (("min", -1.0), ("max", 6.0))))),
+                            dict(tile=(64, 128, 64), mode="pingpong")),
 }
 
 
@@ -389,6 +413,12 @@ def test_ptx_has_the_hopper_instructions_the_plan_asks_for(ptx_of, name):
         assert trigger == 1 and main.index("griddepcontrol.launch_dependents;") < main.index("cp.async.bulk.tensor")
     else:
         assert trigger == 2 and main.index("griddepcontrol.launch_dependents;") > main.index("cp.async.bulk.tensor")
+
+
+def test_ptx_relu_and_clamp_propagate_nan(ptx_of):
+    _, ptx = ptx_of("pingpong_relu_clamp")
+    assert re.search(r"max\.NaN\.f32", ptx) and re.search(r"min\.NaN\.f32", ptx)
+    assert not re.search(r"\b(max|min)\.f32", ptx)       # no NaN-dropping max/min left in the epilogue
 
 
 @given(m=st.integers(1, 3000), n8=st.integers(1, 700), batch=st.integers(1, 4),

@@ -61,7 +61,7 @@ def epilogue_math_lines(ops: Sequence[EpilogueOp], acc: str, inputs: dict[str, s
             sym = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[op.op]
             expr = f"{x} {sym} {ref(op.args[1])}"
         elif op.op == "relu":
-            expr = f"cute.arch.fmax({x}, {_f32(0.0)})"
+            expr = f"cute.arch.fmax({x}, {_f32(0.0)}, nan=True)"   # NaN stays NaN, as in torch.relu
         elif op.op == "gelu_tanh":
             lines.append(f"{out}_x = {x}")
             expr = (f"{_f32(0.5)} * {out}_x * ({_f32(1.0)} + cute.math.tanh({_f32(_SQRT_2_OVER_PI)} * "
@@ -79,9 +79,9 @@ def epilogue_math_lines(ops: Sequence[EpilogueOp], acc: str, inputs: dict[str, s
         elif op.op == "clamp":
             expr = x
             if op.attr("min") is not None:
-                expr = f"cute.arch.fmax({expr}, {_f32(op.attr('min'))})"
+                expr = f"cute.arch.fmax({expr}, {_f32(op.attr('min'))}, nan=True)"   # torch.clamp keeps NaN
             if op.attr("max") is not None:
-                expr = f"cute.arch.fmin({expr}, {_f32(op.attr('max'))})"
+                expr = f"cute.arch.fmin({expr}, {_f32(op.attr('max'))}, nan=True)"
         elif op.op == "cast":
             expr = f"cutlass.Float32(({x}).to({dsl_type(op.attr('dtype'))}))"
         else:

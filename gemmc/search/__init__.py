@@ -9,7 +9,8 @@ schedules from `gemmc.schedule.enumerate_schedules`) and the history of `Measure
 `evaluate(list[Schedule]) -> list[Measurement]` is the Builder + Runner on a GPU (see
 `cli.tune_shapes`), or a recorded dataset (`simulate.RecordedProblem.evaluate`) on the CPU.
 `gemmc.dispatch.resolve_auto` turns the tuning DB into `schedule="auto"` decisions, by the DB's paired
-verdict (`db.TuningDB.best`: the highest geometric mean of cuBLAS / gemmc timed in the same runs).
+verdict (`db.TuningDB.best`: the highest cuBLAS / gemmc timed in the same runs, as the geometric mean of a
+schedule's rows, or its median row from three rows on).
 """
 from .strategy import (STRATEGIES, Measurement, SearchProblem, Strategy, make_strategy,  # noqa: F401
                        run_search)

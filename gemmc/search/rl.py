@@ -1,7 +1,7 @@
 """`rl`: a torch policy over the factored schedule choices, conditioned on the problem's shape.
 
 The policy scores a (shape, schedule) pair from the shape features, the one-hot factored choices
-(tile M/N/K, cluster, mode, raster, swizzle, split-K) and what they imply for the shape (waves,
+(tile M/N/K, cluster, mode, raster, swizzle, split-K, swap_ab) and what they imply for the shape (waves,
 padding, k-loop length). pi(schedule | shape) is the softmax of the scores over the feasible set
 only, so infeasible choices have probability zero (the mask is the predicate's enumeration).
 
@@ -198,8 +198,8 @@ class RLStrategy(BaseStrategy):
 
 def examples_from_db(db) -> list[ShapeExamples]:
     """Every stored problem (plain or not) as training data; rows of several GPUs pool together. A
-    schedule's reward is the log of its paired speedup (geometric mean of cuBLAS / gemmc over its own
-    rows, each timed in one run), so a clock that drifted between schedules does not rank them; problems
+    schedule's reward is the log of its paired speedup (cuBLAS / gemmc, each row timed in one run: the
+    geometric mean over its rows, or the median row from three on, as the DB's verdict), so a clock that drifted between schedules does not rank them; problems
     without cuBLAS times use log(best time / time). Schedules that only failed rank last. Schedules the
     features do not describe (features.describes: stream-K, 192-row tiles) are left out."""
     import json as _json
