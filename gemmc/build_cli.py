@@ -4,7 +4,8 @@
                 [--cache-dir DIR] [--ptx FILE]
 
 Prints one line per kernel: its cache key and the directory holding kernel.so / kernel.ptx / kernel.py,
-then the cache root. Copy that root to a GPU host (GEMMC_CACHE_DIR) and `gemmc.compile(...)` with the
+then the cache root (on stderr when `--ptx -` writes the PTX to stdout, so stdout is the PTX alone).
+Copy that root to a GPU host (GEMMC_CACHE_DIR) and `gemmc.compile(...)` with the
 same problem and schedule loads the .so from it without compiling.
 """
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .cli import SCHEDULE_FLAGS, add_problem_and_schedule_args
+from .cli import add_problem_and_schedule_args, schedule_from_args
+from .errors import GemmcError
 
 
 def register(sub) -> None:
@@ -25,33 +27,51 @@ def register(sub) -> None:
     p.set_defaults(func=run_build)
 
 
+def _check_ptx_destination(path: str) -> None:
+    """Refuse a --ptx FILE that cannot be written before the build, not after it."""
+    dest = os.path.abspath(os.path.expanduser(path))
+    folder = os.path.dirname(dest)
+    if os.path.isdir(dest):
+        raise GemmcError(f"--ptx {path}: is a folder; name the file to write, e.g. {os.path.join(path, 'kernel.ptx')}")
+    if not os.path.isdir(folder):
+        raise GemmcError(f"--ptx {path}: the folder {folder} does not exist; create it or write the PTX elsewhere")
+    if not os.access(dest if os.path.exists(dest) else folder, os.W_OK):
+        raise GemmcError(f"--ptx {path}: not writable here; write the PTX elsewhere, or '-' for stdout")
+
+
 def run_build(args) -> int:
+    if args.ptx and args.ptx != "-":
+        _check_ptx_destination(args.ptx)
+    # with the PTX on stdout, the status lines go to stderr: `gemmc build ... --ptx - > k.ptx` is PTX alone
+    status = sys.stderr if args.ptx == "-" else sys.stdout
     if args.cache_dir:
         os.environ["GEMMC_CACHE_DIR"] = os.path.abspath(os.path.expanduser(args.cache_dir))
     from .cache import default_cache
     from .compiler import compile
-    from .schedule import default_schedule
     from .spec import GemmSpec
 
     spec = GemmSpec(m=args.m, n=args.n, k=args.k, batch=args.batch, dtype=args.dtype, out_dtype=args.out_dtype,
                     acc_dtype=args.acc_dtype, a_layout=args.a_layout, b_layout=args.b_layout, name=args.name)
-    knobs = {f: getattr(args, f) for f in SCHEDULE_FLAGS if getattr(args, f) is not None}
-    schedule = default_schedule(args.arch).with_(**knobs) if knobs else args.schedule
+    schedule, _ = schedule_from_args(args, spec)      # flags edit the --schedule pick, as in `gemmc compile`
     k = compile(spec, schedule=schedule, arch=args.arch)
     art = k.artifact
-    print(f"{art.key}  {k.schedule.short()} ({k.arch})  {art.directory}", flush=True)
+    print(f"{art.key}  {k.schedule.short()} ({k.arch})  {art.directory}", file=status, flush=True)
     if k.m_buckets is not None:     # symbolic M under auto: every bucket's kernel, so any M runs from the cache
         from .cli import _bucket_runs
         for rng, d in _bucket_runs(k.m_buckets.table()):
             if d.use_cublas:
-                print(f"  M {rng}: torch.matmul ({d.source}: cuBLAS faster), nothing to build", flush=True)
+                print(f"  M {rng}: torch.matmul ({d.source}: cuBLAS faster), nothing to build", file=status, flush=True)
                 continue
             a = k.m_buckets.kernel_for(d.schedule).artifact
-            print(f"  M {rng}: {a.key}  {d.schedule.short()}  {a.directory}", flush=True)
+            print(f"  M {rng}: {a.key}  {d.schedule.short()}  {a.directory}", file=status, flush=True)
     if args.ptx == "-":
         sys.stdout.write(art.ptx)
     elif args.ptx:
-        with open(args.ptx, "w") as f:
-            f.write(art.ptx)
-    print(f"cache: {default_cache().root}")
+        try:
+            with open(os.path.expanduser(args.ptx), "w") as f:
+                f.write(art.ptx)
+        except OSError as e:      # checked before the build, but the disk can still fill up
+            raise GemmcError(f"--ptx {args.ptx}: cannot write it: {e.strerror or e}; the kernel itself is in "
+                             f"{art.directory}") from None
+    print(f"cache: {default_cache().root}", file=status)
     return 0

@@ -8,13 +8,19 @@ measured faster on this exact problem (the DB's or the table's), or on the table
 heuristic step) at any of the 5 nearest shapes the table measured (its checks of the heuristic's own
 picks where any lies near, else its tuned entries); a fused epilogue never does (cuBLAS
 would need extra passes to match it). "Measured faster" is the paired verdict: cuBLAS and gemmc timed in
-the same runs (gemmc.search.db), for the DB the geometric mean over the best schedule's rows; torch.matmul
-runs exactly when that speed-up is below 1. `resolve_auto` reads the DB and never writes it: it is a function
-of (spec, arch, db contents, shipped tables); `pretuned=False` (or GEMMC_PRETUNED=0) leaves the tables out.
+the same runs (gemmc.search.db); for the DB, the best schedule's speed-up over cuBLAS is the geometric mean
+over its paired rows, or from three such rows on the median row's (one slow cuBLAS run cannot carry it);
+torch.matmul runs exactly when that speed-up is below 1. `resolve_auto` reads the DB and never writes it: it
+is a function of (spec, arch, db contents, shipped tables); `pretuned=False` (or GEMMC_PRETUNED=0) leaves the
+tables out. A DB file that cannot be read (damaged, not gemmc's, a folder) is skipped with a warning, once
+per file, as is a GEMMC_GPU that names no shipped table: `auto` never fails a compile over either.
 """
 from __future__ import annotations
 
+import difflib
 import math
+import os
+import sqlite3
 import threading
 import warnings
 from dataclasses import dataclass, replace
@@ -45,10 +51,34 @@ def _concrete(spec: GemmSpec, m: Optional[int]) -> Optional[GemmSpec]:
     return spec if concrete and (spec.batch is None or isinstance(spec.batch, int)) else None
 
 
+_warned: set = set()
+_warn_lock = threading.Lock()
+
+
+def _warn_once(key, message: str) -> None:
+    """Warn about `key` once per process: every compile (and every M bucket) resolves again."""
+    with _warn_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(message, stacklevel=3)
+
+
+def _skip_db(path, why: str) -> None:
+    _warn_once(("db", str(path)), f"gemmc: schedule='auto' goes on without the tuning DB, so its tuning is not "
+                                  f"used: {why}")
+
+
 def _open_db(db):
-    from .search.db import TuningDB
+    """(TuningDB or None, whether this call opened it). A path that is missing means no tuning; one that
+    cannot be opened as a tuning DB is skipped with a warning (like an unloadable policy), not fatal."""
+    from .search.db import TuningDB, TuningDBError, default_path
     if db is None or isinstance(db, (str, bytes)) or hasattr(db, "__fspath__"):
-        return TuningDB.open_existing(db), True
+        try:
+            return TuningDB.open_existing(db), True
+        except TuningDBError as e:
+            _skip_db(db if db is not None else default_path(), str(e))
+            return None, False
     return db, False
 
 
@@ -108,7 +138,28 @@ def _shipped_table(conc: Optional[GemmSpec], arch: str, gpu_name: Optional[str],
     if not enabled or conc is None:
         return None
     from .pretuned import table_for
-    return table_for(arch, gpu_name)
+    table = table_for(arch, gpu_name)
+    if table is None and gpu_name is None:
+        _check_gemmc_gpu()
+    return table
+
+
+def _check_gemmc_gpu() -> None:
+    """Warn (once) when GEMMC_GPU names no GPU that has a shipped table: a typo there would otherwise
+    silently turn the tables off and leave `auto` to the heuristic."""
+    name = os.environ.get("GEMMC_GPU")
+    if not name or os.environ.get("GEMMC_PRETUNED", "1") == "0":
+        return
+    from .pretuned import load_tables
+    known = sorted({t.gpu for t in load_tables()})
+    if name in known:
+        return      # a known GPU, with no table for this arch: nothing was misspelled
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+    _warn_once(("GEMMC_GPU", name),
+               f"gemmc: GEMMC_GPU={name!r} matches no shipped table, so schedule='auto' goes on without one"
+               + (f" (did you mean {close[0]!r}?)" if close else "")
+               + f"; tables ship for: {', '.join(repr(k) for k in known)}. Name the GPU exactly as "
+                 f"torch.cuda.get_device_name() does, or unset GEMMC_GPU to use the visible GPU's")
 
 
 def _pretuned_decision(table, spec: GemmSpec) -> Optional[tuple[Decision, bool]]:
@@ -157,38 +208,48 @@ def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, 
                  gpu_name: Optional[str] = None, pretuned: bool = True) -> Decision:
     """The schedule for `spec` (M may be symbolic: pass the runtime `m`); see the module docstring.
 
-    `db`: a TuningDB, a path, or None for the default location (a missing file means no tuning)."""
+    `db`: a TuningDB, a path, or None for the default location (a missing file means no tuning; one that
+    cannot be read is skipped with a warning)."""
     arch = as_arch(arch)
     conc = _concrete(spec, m)
     tdb, owned = _open_db(db) if conc is not None else (None, False)
     try:
-        table = _shipped_table(conc, arch, gpu_name, pretuned)
-        shipped = _pretuned_decision(table, conc)
-        if tdb is not None:
-            exact = tdb.best(conc, arch, gpu_name)
-            if exact is not None and is_valid(exact.schedule, conc):
-                return _db_decision(exact, plain=not conc.has_epilogue)
-        if shipped is not None and shipped[1]:
-            return shipped[0]
-        if tdb is not None:
-            near = [(d, e) for d, e in _neighbours(tdb, conc, arch, gpu_name) if is_valid(e.schedule, conc)]
-            close = [(d, e) for d, e in near if d <= NEAR_LOG2 and e.fields["n"] == conc.n and e.fields["k"] == conc.k]
-            if close:
-                d, e = close[0]
-                return Decision(e.schedule, "nearest", detail=f"tuned {e.fields['m']}x{e.fields['n']}x{e.fields['k']}")
-            pol = _policy(tdb)
-            if pol is not None:
-                feasible = enumerate_schedules(conc, arch)
-                if feasible:
-                    return Decision(pol.best(conc, feasible), "policy",
-                                    detail=f"policy trained on {pol.trained_shapes} shapes")
-            far = [(d, e) for d, e in near if d <= FAR_LOG2]
-            if far:
-                d, e = far[0]
-                return Decision(e.schedule, "nearest", detail=f"tuned {e.fields['m']}x{e.fields['n']}x{e.fields['k']}")
-        if shipped is not None:
-            return shipped[0]
-        return _heuristic_decision(conc, spec, arch, table)
+        return _resolve(spec, conc, arch, tdb, gpu_name, pretuned)
+    except sqlite3.DatabaseError as e:      # damaged past the pages the open read, or locked for a minute
+        _skip_db(tdb.path, f"reading {tdb.path} failed ({e}); check it with `sqlite3 FILE 'PRAGMA "
+                           f"integrity_check'`, or point GEMMC_TUNING_DB at another")
+        return _resolve(spec, conc, arch, None, gpu_name, pretuned)
     finally:
         if owned and tdb is not None:
             tdb.close()
+
+
+def _resolve(spec: GemmSpec, conc: Optional[GemmSpec], arch: str, tdb, gpu_name: Optional[str],
+             pretuned: bool) -> Decision:
+    table = _shipped_table(conc, arch, gpu_name, pretuned)
+    shipped = _pretuned_decision(table, conc)
+    if tdb is not None:
+        exact = tdb.best(conc, arch, gpu_name)
+        if exact is not None and is_valid(exact.schedule, conc):
+            return _db_decision(exact, plain=not conc.has_epilogue)
+    if shipped is not None and shipped[1]:
+        return shipped[0]
+    if tdb is not None:
+        near = [(d, e) for d, e in _neighbours(tdb, conc, arch, gpu_name) if is_valid(e.schedule, conc)]
+        close = [(d, e) for d, e in near if d <= NEAR_LOG2 and e.fields["n"] == conc.n and e.fields["k"] == conc.k]
+        if close:
+            d, e = close[0]
+            return Decision(e.schedule, "nearest", detail=f"tuned {e.fields['m']}x{e.fields['n']}x{e.fields['k']}")
+        pol = _policy(tdb)
+        if pol is not None:
+            feasible = enumerate_schedules(conc, arch)
+            if feasible:
+                return Decision(pol.best(conc, feasible), "policy",
+                                detail=f"policy trained on {pol.trained_shapes} shapes")
+        far = [(d, e) for d, e in near if d <= FAR_LOG2]
+        if far:
+            d, e = far[0]
+            return Decision(e.schedule, "nearest", detail=f"tuned {e.fields['m']}x{e.fields['n']}x{e.fields['k']}")
+    if shipped is not None:
+        return shipped[0]
+    return _heuristic_decision(conc, spec, arch, table)

@@ -225,10 +225,11 @@ def test_gemmc_build_fills_the_cache_and_a_runtime_process_loads_it(tmp_path, mo
     ptx_file = tmp_path / "k.ptx"
     assert main(["build", *GEMM_ARGS, "--cache-dir", str(cache_dir), "--ptx", str(ptx_file)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    key, _schedule, _arch, entry = lines[0].split()
+    key, schedule, _arch, entry = lines[0].split()     # the flags edited the --schedule (auto) pick
     assert lines[-1] == f"cache: {cache_dir}"
     assert Path(entry) == cache_dir / "kernels" / key[:2] / key
     assert (Path(entry) / "kernel.so").exists()
+    assert schedule.startswith("128x128x64_c1x1_")
     ptx = ptx_file.read_text()
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and ".target sm_90a" in ptx
     assert len(count_compiles) == 1
@@ -239,9 +240,8 @@ def test_gemmc_build_fills_the_cache_and_a_runtime_process_loads_it(tmp_path, mo
     code = f"""
 import sys, gemmc
 from gemmc.compiler import compile
-from gemmc.schedule import default_schedule
-k = compile(gemmc.GemmSpec(m="M", n=256, k=256, dtype="bf16"),
-            schedule=default_schedule("sm_90a").with_(tile=(128, 128, 64), cluster=(1, 1)))
+from gemmc.bench.policy import parse_schedule
+k = compile(gemmc.GemmSpec(m="M", n=256, k=256, dtype="bf16"), schedule=parse_schedule({schedule!r}))
 art = k.artifact
 assert art.key == {key!r}, art.key
 launcher = k.launcher
@@ -273,3 +273,37 @@ def test_gemmc_build_of_a_symbolic_m_auto_kernel_builds_every_m_bucket(tmp_path,
     kernels = {ln.split()[3] for ln in buckets if "nothing to build" not in ln}
     assert kernels and kernels <= {s.short() for s in built}          # each bucket's kernel was built
     assert all(ln.split()[2] == f"key-{ln.split()[3]}" for ln in buckets if "nothing to build" not in ln)
+
+
+@pytest.fixture
+def fake_kernel_build(monkeypatch, tmp_path):
+    """CompiledKernel.build without the CuTe DSL: records each build, returns a stand-in artifact."""
+    from types import SimpleNamespace
+    built = []
+
+    def fake_build(self):
+        built.append(self.schedule)
+        return SimpleNamespace(key="key-1", directory=str(tmp_path / "kernel"),
+                               ptx="// PTX of the kernel\n.version 8.0\n")
+    monkeypatch.setattr("gemmc.compiled.CompiledKernel.build", fake_build)
+    return built
+
+
+def test_gemmc_build_ptx_to_stdout_is_the_ptx_alone(tmp_path, capsys, fake_kernel_build):
+    from gemmc.cli import main
+    assert main(["build", *GEMM_ARGS, "--cache-dir", str(tmp_path / "aot"), "--ptx", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "// PTX of the kernel\n.version 8.0\n"
+    assert err.splitlines()[0].startswith("key-1  ") and err.splitlines()[-1] == f"cache: {tmp_path / 'aot'}"
+
+
+def test_gemmc_build_checks_the_ptx_destination_before_building(tmp_path, capsys, fake_kernel_build):
+    from gemmc.cli import main
+    for dest, needle in ((tmp_path / "nonexist" / "x.ptx", "does not exist"), (tmp_path, "is a folder")):
+        assert main(["build", *GEMM_ARGS, "--cache-dir", str(tmp_path / "aot"), "--ptx", str(dest)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"gemmc build: error: --ptx {dest}: ") and needle in err
+    assert fake_kernel_build == []                                    # refused before anything was built
+    assert main(["build", *GEMM_ARGS, "--cache-dir", str(tmp_path / "aot"), "--ptx", str(tmp_path / "k.ptx")]) == 0
+    assert (tmp_path / "k.ptx").read_text() == "// PTX of the kernel\n.version 8.0\n"
+    assert capsys.readouterr().out.splitlines()[-1] == f"cache: {tmp_path / 'aot'}"   # status on stdout then

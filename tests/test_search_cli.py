@@ -46,8 +46,11 @@ def test_simulate_table_and_bad_arguments(dataset, capsys):
     assert "random" in text and "@4" in text and "6 problems" in text
     with pytest.raises(SystemExit):
         main(["simulate", "--data", str(dataset), "--strategy", "annealing"])
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        main(["simulate", "--data", str(dataset.parent / "nope.jsonl.gz")])
+    capsys.readouterr()
+    assert main(["simulate", "--data", str(dataset.parent / "nope.jsonl.gz")]) == 1     # one line, no traceback
+    err = capsys.readouterr().err
+    assert err.startswith("gemmc-search simulate: error: dataset ") and "does not exist" in err
+    assert err.count("\n") == 1
 
 
 def test_report_export_import_round_trip(tmp_path, capsys):

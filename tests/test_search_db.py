@@ -377,3 +377,101 @@ def test_own_clock_rows_outrank_interleaved_ones_and_survive_export(tmp_path):
     assert other.import_(tmp_path / "x.json.gz")["measurements"] == 5
     assert other.best(BIG, "sm_90a", GPU).schedule == c[1]
     assert sorted(str(r["timing"]) for r in other.rows()) == ["None"] * 3 + [SUSTAINED] * 2
+
+
+# ---- files that are not a tuning DB, and exports that are not exports -----------------------------
+
+def _not_a_db(tmp_path):
+    """{kind: path} of files a DB path could point at by mistake."""
+    corrupt = tmp_path / "corrupt.sqlite"
+    corrupt.write_text("not a database\n" * 100)
+    zero = tmp_path / "zero.sqlite"
+    zero.write_bytes(b"")
+    foreign = tmp_path / "foreign.sqlite"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE measurements (x INTEGER)")      # a table of that name, not gemmc's
+    conn.execute("CREATE TABLE policies (y INTEGER)")
+    conn.commit()
+    conn.close()
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    return {"corrupt": corrupt, "zero": zero, "foreign": foreign, "folder": folder}
+
+
+@pytest.mark.parametrize("kind, needle", [("corrupt", "cannot be read as a tuning DB"), ("zero", "it is empty"),
+                                          ("foreign", "its measurements table lacks"), ("folder", "is a folder")])
+def test_opening_a_file_that_is_not_a_tuning_db_names_it_and_leaves_it_alone(tmp_path, kind, needle):
+    from gemmc.search.db import TuningDBError
+    path = _not_a_db(tmp_path)[kind]
+    before = None if path.is_dir() else path.read_bytes()
+    with pytest.raises(TuningDBError, match=needle) as e:
+        TuningDB.open_existing(path)
+    assert str(path) in str(e.value) and "GEMMC_TUNING_DB" in str(e.value)
+    if kind != "zero":                                  # an empty file is a new DB to a writer
+        with pytest.raises(TuningDBError, match=needle):
+            TuningDB(path)
+    assert before is None or path.read_bytes() == before
+    assert not list(tmp_path.glob("*-wal")) and not list(tmp_path.glob("*-journal"))
+
+
+def test_a_writer_makes_an_empty_file_a_db_and_a_reader_never_creates_or_writes(tmp_path):
+    from gemmc.search.db import TuningDBError
+    zero = _not_a_db(tmp_path)["zero"]
+    TuningDB(zero).close()                              # e.g. `touch`ed, or cut off before its schema
+    assert TuningDB(zero, create=False).count() == 0
+    missing = tmp_path / "no" / "such.sqlite"
+    assert TuningDB.open_existing(missing) is None
+    with pytest.raises(TuningDBError, match="no tuning DB there"):
+        TuningDB(missing, create=False)
+    assert not (tmp_path / "no").exists()
+    ro = TuningDB(zero, create=False)
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        ro.record(SPEC, "sm_90a", Measurement(_sched(0), 1.0, None, 1.0), GPU)
+    ro.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.sqlite", "folder", "foreign.sqlite",
+                                                         "zero.sqlite"]       # the reader left no -wal / -shm
+
+
+def _gz(path, text):
+    import gzip
+    with gzip.open(path, "wt") as f:
+        f.write(text)
+    return path
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda p: p, "does not exist"),
+    (lambda p: (p.write_text("{}"), p)[1], "not gzipped"),
+    (lambda p: _gz(p, "[1, 2]"), "not a gemmc-search export"),
+    (lambda p: _gz(p, '{"format": "gemmc-tuning"}'), "lists of 'measurements' and 'policies'"),
+    (lambda p: _gz(p, '{"format": "gemmc-tuning", "measurements": [{"problem": "x"}]}'),
+     "measurement 0 lacks m, n, k"),
+    (lambda p: _gz(p, '{"format": "gemmc-dataset/1"}\n{"m": 1}\n'), "one JSON record per line"),
+    (lambda p: _gz(p, '{"format": "gemmc-tun'), "damaged or not JSON|not one JSON document"),
+])
+def test_import_names_the_file_and_what_is_wrong_with_it(tmp_path, make, needle):
+    from gemmc.search.db import TuningDBError
+    src = make(tmp_path / "x.json.gz")
+    db = TuningDB(tmp_path / "t.sqlite")
+    with pytest.raises(TuningDBError, match=needle) as e:
+        db.import_(src)
+    assert str(src) in str(e.value) and db.count() == 0
+
+
+def test_export_never_overwrites_its_own_db(tmp_path, monkeypatch):
+    from gemmc.search.db import TuningDBError
+    db = TuningDB(tmp_path / "t.sqlite")
+    db.record(SPEC, "sm_90a", Measurement(_sched(0), 10.0, None, 11.0), GPU)
+    monkeypatch.chdir(tmp_path)
+    for dest in (tmp_path / "t.sqlite", "t.sqlite", "./t.sqlite"):
+        with pytest.raises(TuningDBError, match="is the tuning DB being exported"):
+            db.export(dest)
+    assert db.count() == 1 and TuningDB(tmp_path / "t.sqlite", create=False).count() == 1
+
+
+def test_failures_count_failed_rows_by_error(tmp_path):
+    db = TuningDB(tmp_path / "t.sqlite")
+    for i, err in enumerate(["compile: a", "compile: a", "check: b"]):
+        db.record(SPEC, "sm_90a", Measurement(_sched(i), None, err), GPU)
+    db.record(SPEC, "sm_90a", Measurement(_sched(3), 10.0, None, 11.0), GPU)
+    assert db.failures() == [("compile: a", 2), ("check: b", 1)]

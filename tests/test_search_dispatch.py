@@ -173,3 +173,100 @@ def test_a_symbolic_batch_never_reuses_unbatched_entries(db):
     batched = gemmc.GemmSpec(256, 4096, 4096, batch="L")
     d = resolve_auto(batched, "sm_90a", db=db)
     assert d.source == "heuristic" and not d.use_cublas
+
+
+# ---- a tuning DB that cannot be read, a GEMMC_GPU that names no table --------------------------------
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    """`auto` warns once per process about each file or name; each test starts with none said."""
+    monkeypatch.setattr("gemmc.dispatch._warned", set())
+
+
+def _broken_dbs(tmp_path):
+    import sqlite3
+    corrupt = tmp_path / "corrupt.sqlite"
+    corrupt.write_text("not a database\n" * 100)
+    zero = tmp_path / "zero.sqlite"
+    zero.write_bytes(b"")
+    foreign = tmp_path / "foreign.sqlite"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE users (name TEXT)")
+    conn.commit()
+    conn.close()
+    return [corrupt, zero, foreign, tmp_path]          # the last: a folder
+
+
+def test_an_unreadable_db_is_skipped_with_one_warning_naming_it(tmp_path, monkeypatch, fresh_warnings):
+    import warnings
+    for path in _broken_dbs(tmp_path):
+        monkeypatch.setenv("GEMMC_TUNING_DB", str(path))
+        before = None if path.is_dir() else path.read_bytes()
+        with pytest.warns(UserWarning, match="goes on without the tuning DB") as caught:
+            d = resolve_auto(SPEC, "sm_90a")            # the default DB: what every compile consults
+        assert d.source == "heuristic" and is_valid(d.schedule, SPEC)
+        message = str(caught[0].message)
+        assert str(path) in message and "GEMMC_TUNING_DB" in message
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")              # once per file: the next compile says nothing
+            assert resolve_auto(gemmc.GemmSpec(512, 4096, 4096), "sm_90a").source == "heuristic"
+        assert before is None or path.read_bytes() == before
+
+
+def test_a_compile_with_a_corrupt_db_still_compiles(tmp_path, monkeypatch, fresh_warnings):
+    (tmp_path / "corrupt.sqlite").write_text("not a database\n" * 100)
+    monkeypatch.setenv("GEMMC_TUNING_DB", str(tmp_path / "corrupt.sqlite"))
+    with pytest.warns(UserWarning, match="corrupt.sqlite"):
+        k = gemmc.compile(gemmc.GemmSpec(4096, 4096, 4096))
+    assert k.decision.source == "heuristic"
+
+
+def test_a_db_that_fails_mid_read_is_skipped_with_a_warning(db, monkeypatch, fresh_warnings):
+    import sqlite3
+    c = _cands(SPEC)
+    db.record(SPEC, "sm_90a", Measurement(c[5], 50.0, None, 55.0), "H200")
+
+    def malformed(*a, **k):
+        raise sqlite3.DatabaseError("database disk image is malformed")
+    monkeypatch.setattr(TuningDB, "best", malformed)
+    with pytest.warns(UserWarning, match="reading .*t.sqlite failed .*malformed"):
+        d = resolve_auto(SPEC, "sm_90a", db=db.path)
+    assert d.source == "heuristic"
+
+
+def test_a_misspelled_gemmc_gpu_warns_once_with_the_known_names(monkeypatch, fresh_warnings):
+    import warnings
+    from gemmc.pretuned import load_tables
+    monkeypatch.setenv("GEMMC_PRETUNED", "1")
+    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    known = sorted({t.gpu for t in load_tables()})
+    monkeypatch.setenv("GEMMC_GPU", "NVIDIA H20O")
+    with pytest.warns(UserWarning, match="GEMMC_GPU='NVIDIA H20O' matches no shipped table") as caught:
+        d = resolve_auto(SPEC, "sm_90a", db=None)
+    message = str(caught[0].message)
+    assert all(repr(name) in message for name in known) and "did you mean 'NVIDIA H200'" in message
+    assert d.source == "heuristic"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolve_auto(SPEC, "sm_90a")                    # once per name
+        for name in (known[0], None):                   # a known name, or none: nothing to say
+            if name is None:
+                monkeypatch.delenv("GEMMC_GPU")
+            else:
+                monkeypatch.setenv("GEMMC_GPU", name)
+            resolve_auto(SPEC, "sm_90a")
+        monkeypatch.setenv("GEMMC_GPU", "bogus")
+        monkeypatch.setenv("GEMMC_PRETUNED", "0")       # the tables are off anyway: no typo to report
+        resolve_auto(SPEC, "sm_90a")
+
+
+def test_the_docstring_describes_the_verdict_the_db_gives(db):
+    """Three paired rows: the median row decides (not the geometric mean), as the module says."""
+    import gemmc.dispatch
+    doc = " ".join(gemmc.dispatch.__doc__.split())
+    assert "median row's" in doc and "geometric mean over the best schedule's rows" not in doc
+    c = _cands(SPEC)
+    for t, cub in [(50.0, 49.0), (50.0, 49.5), (50.0, 80.0)]:   # geomean 1.14x, median row 0.99x
+        db.record(SPEC, "sm_90a", Measurement(c[5], t, None, cub), "H200")
+    d = resolve_auto(SPEC, "sm_90a", db=db)
+    assert d.use_cublas and "median of 3 rows" in d.detail

@@ -22,9 +22,15 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 
 from .. import __version__
+from ..errors import GemmcError
 from .strategy import STRATEGIES
+
+
+class UsageError(GemmcError):
+    """A flag's value cannot work: `main` prints it on one line and exits 2, as argparse does."""
 
 
 def _budgets(text: str) -> list[int]:
@@ -47,6 +53,29 @@ def _count(text: str) -> int:
     return n
 
 
+def _at_least(low: int, what: str):
+    """An argparse type: a whole number >= `low`; the error says what the number counts."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = low - 1
+        if n < low:
+            raise argparse.ArgumentTypeError(f"{text!r}: use a whole number >= {low} ({what})")
+        return n
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a number of seconds > 0")
+    return x
+
+
 def _schedule_list(text: str) -> list:
     from ..bench.policy import PolicyError, parse_schedule
     try:
@@ -57,16 +86,20 @@ def _schedule_list(text: str) -> list:
 
 def _strategies(text: str) -> list[str]:
     names = list(STRATEGIES) if text == "all" else [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: name at least one strategy: {', '.join(STRATEGIES)}, or all")
     bad = [n for n in names if n not in STRATEGIES]
     if bad:
         raise argparse.ArgumentTypeError(f"unknown strategy {bad[0]!r}; use {', '.join(STRATEGIES)} or all")
-    return names
+    return list(dict.fromkeys(names))     # a name given twice runs once
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gemmc-search", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--db", help="tuning database (default: $GEMMC_TUNING_DB or <cache dir>/tuning.sqlite)")
+    p.add_argument("--db", help="tuning database (default: $GEMMC_TUNING_DB or <cache dir>/tuning.sqlite); "
+                                "tune and import create it, the other commands read an existing one")
+    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("tune", help="search schedules on the GPU and store every measurement",
@@ -79,21 +112,25 @@ def _parser() -> argparse.ArgumentParser:
     src = t.add_mutually_exclusive_group(required=True)
     src.add_argument("--suite", help="a bench suite: square, llm, cuda-l2")
     src.add_argument("--shapes", help="a file of 'M N K' lines")
-    t.add_argument("--sample", type=int, help="a seeded sample of the suite's shapes")
-    t.add_argument("--dtype", default="bf16")
-    t.add_argument("--arch", default="sm_90a")
-    t.add_argument("--strategy", default="bayes", choices=STRATEGIES)
-    t.add_argument("--budget", type=int, default=24,
+    t.add_argument("--sample", type=_at_least(1, "shapes"), metavar="N",
+                   help="a seeded sample of N of the suite's shapes")
+    t.add_argument("--dtype", default="bf16", help="A/B element type: bf16 or f16 (default bf16)")
+    t.add_argument("--arch", default="sm_90a", help="sm_90a or sm_80 (default sm_90a)")
+    t.add_argument("--strategy", default="bayes", choices=STRATEGIES, help="(default bayes)")
+    t.add_argument("--budget", type=_at_least(0, "schedules per shape; 0: only --also and the confirmations"),
+                   default=24,
                    help="schedules measured per shape by the search (default 24; stored ones count: resume; "
-                        "with --fresh, only this gemmc version's)")
+                        "with --fresh, only this gemmc version's; 0: no search, only --also and the confirmations)")
     t.add_argument("--confirm", type=_count, default=3, metavar="N",
                    help="then re-measure the N best schedules of each shape once more, and again where the "
                         "N best hold a schedule measured once or two measurements more than 2%% apart (at most "
                         "three per schedule; extra to --budget; a resumed run skips those stored); 0: no "
                         "confirmation (default 3)")
-    t.add_argument("--batch", type=int, default=4, help="schedules proposed and compiled together")
-    t.add_argument("--workers", type=int, default=4, help="compile worker processes")
-    t.add_argument("--compile-timeout", type=float, default=600.0)
+    t.add_argument("--batch", type=_at_least(1, "schedules per batch"), default=4,
+                   help="schedules proposed and compiled together (default 4)")
+    t.add_argument("--workers", type=_at_least(1, "processes"), default=4, help="compile worker processes (default 4)")
+    t.add_argument("--compile-timeout", type=_seconds, default=600.0, metavar="S",
+                   help="seconds one schedule may take to compile (default 600)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--settle-s", type=float, default=0.0, metavar="S",
                    help="before each measurement of a shape whose cuBLAS call takes >= 100 us, run cuBLAS back to "
@@ -126,23 +163,34 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true")
 
     e = sub.add_parser("export", help="write every measurement and the policy to FILE (gzipped JSON)")
-    e.add_argument("file")
+    e.add_argument("file", help="the file to write, e.g. tuned.json.gz (not the DB itself)")
     i = sub.add_parser("import", help="merge an export into this database")
-    i.add_argument("file")
+    i.add_argument("file", help="a file `gemmc-search export` wrote")
 
     tp = sub.add_parser("train-policy", help="(re)train the rl policy on everything in the database")
-    tp.add_argument("--epochs", type=int, default=60)
+    tp.add_argument("--epochs", type=_at_least(1, "passes over the data"), default=60, help="(default 60)")
     tp.add_argument("--seed", type=int, default=0)
 
     s = sub.add_parser("simulate", help="replay a recorded dataset through the strategies (CPU only)")
     s.add_argument("--data", required=True, help="a dataset file or a bench/data/<dataset> folder")
-    s.add_argument("--strategy", type=_strategies, default=list(STRATEGIES), help="all, or a comma list")
-    s.add_argument("--budget", type=_budgets, default=[4, 8, 16, 32])
-    s.add_argument("--seeds", type=int, default=20)
-    s.add_argument("--batch", type=int, default=1)
-    s.add_argument("--folds", type=int, default=4, help="rl: shapes are split (by N, K) into this many folds")
-    s.add_argument("--epochs", type=int, default=60, help="rl: training epochs over the training shapes")
-    s.add_argument("--max-shapes", type=int, help="use a seeded sample of this many recorded shapes")
+    s.add_argument("--strategy", type=_strategies, default="all",
+                   help=f"all, or a comma list of: {', '.join(STRATEGIES)} (default all; rl trains on some "
+                        f"recorded problems and is scored on the others, so with fewer than two it is left out, "
+                        f"with a note)")
+    s.add_argument("--budget", type=_budgets, default="4,8,16,32",
+                   help="comma list of measurement counts to report each strategy at (default %(default)s; "
+                        "budget 1, the first pick, is always reported)")
+    s.add_argument("--seeds", type=_at_least(1, "runs"), default=20,
+                   help="runs per strategy with a random element, each with its own seed, averaged per problem "
+                        "(default 20; deterministic ones run once)")
+    s.add_argument("--batch", type=_at_least(1, "schedules per proposal"), default=1,
+                   help="schedules a strategy proposes at a time (default 1)")
+    s.add_argument("--folds", type=_at_least(2, "rl trains on all folds but one"), default=4,
+                   help="rl: shapes are split (by N, K) into this many folds (default 4)")
+    s.add_argument("--epochs", type=_at_least(1, "passes over the data"), default=60,
+                   help="rl: training epochs over the training shapes (default 60)")
+    s.add_argument("--max-shapes", type=_at_least(1, "recorded problems"), metavar="N",
+                   help="use a seeded sample of N recorded problems (default: all)")
     s.add_argument("--no-heuristic", action="store_true",
                    help="bayes: start from a random space-filling design, not the heuristic's ranking")
     s.add_argument("--json", action="store_true")
@@ -155,9 +203,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _db_path(args) -> Path:
+    from .db import default_path
+    return Path(args.db) if args.db else default_path()
+
+
 def _db(args):
+    """The DB for a command that writes measurements (tune, import): created if missing."""
     from .db import TuningDB
-    return TuningDB(args.db)
+    return TuningDB(_db_path(args))
+
+
+def _existing_db(args):
+    """The DB, read-only, for a command that reads it (report, export, train-policy): TuningDBError if the
+    file is missing or not gemmc's, so a mistyped --db creates nothing and a foreign file stays untouched."""
+    from .db import TuningDB
+    return TuningDB(_db_path(args), create=False)
 
 
 def _geomean(xs):
@@ -167,7 +228,7 @@ def _geomean(xs):
 
 PAIRED_NOTE = """\
 paired = cuBLAS us / gemmc us, timed interleaved in the same runs; gemmc us, cuBLAS us and paired are
-geometric means over the best schedule's `rows` measurements, or the median one's from three rows on.
+geometric means over the best schedule's `rows` measurements, or the median row's from three rows on.
 The best schedule is the one with the highest paired speedup (the fastest where no cuBLAS time was
 paired)."""
 
@@ -177,34 +238,53 @@ def _geomean_line(sps: list[float], what: str) -> str:
             f"{_geomean([max(1.0, s) for s in sps]):.3f}x")
 
 
+def _nothing_tuned(db) -> str:
+    """Why the report is empty: no measurement yet, or only failed ones (and the commonest error)."""
+    n = db.count()
+    if not n:
+        return f"{db.path}: nothing tuned yet (gemmc-search tune ...)"
+    fails = db.failures()
+    line = f"{db.path}: nothing tuned yet: {n} measurement{'s' if n > 1 else ''}, none successful"
+    if fails:
+        error, times = fails[0]
+        error = error.strip().splitlines()[0][:200] if error.strip() else "(no message)"
+        line += f" (most often, {times} of them: {error})"
+    return line + "; `gemmc-search export FILE` writes every row with its error"
+
+
 def cmd_report(args) -> int:
-    db = _db(args)
-    rows = db.best_all()
-    if args.json:
-        print(json.dumps([{**e.fields, "gpu": e.gpu_name, "schedule": e.schedule.to_dict(), "time_us": e.time_us,
-                           "cublas_us": e.cublas_us, "speedup": e.speedup, "paired": e.cublas_us is not None,
-                           "rows": e.n_rows, "measured": e.n_measured, "gemmc_version": e.version,
-                           "stale": e.stale, "timing": "sustained" if e.own_clock else "interleaved"}
-                          for e in rows]))
-        return 0
-    if not rows:
-        print(f"{db.path}: nothing tuned yet (gemmc-search tune ...)")
-        return 0
-    print(f"{db.path}: {db.count()} measurements, {len(rows)} tuned problems")
-    print(f"{'shape':>20} {'dtype':>5} {'epilogue':>10} {'gemmc us':>10} {'cuBLAS us':>10} {'paired':>8} "
-          f"{'rows':>4} {'n':>4}  schedule")
+    with _existing_db(args) as db:
+        rows = db.best_all()
+        if args.json:
+            print(json.dumps([{**e.fields, "gpu": e.gpu_name, "schedule": e.schedule.to_dict(), "time_us": e.time_us,
+                               "cublas_us": e.cublas_us, "speedup": e.speedup, "paired": e.cublas_us is not None,
+                               "rows": e.n_rows, "measured": e.n_measured, "gemmc_version": e.version,
+                               "stale": e.stale, "timing": "sustained" if e.own_clock else "interleaved"}
+                              for e in rows]))
+            return 0
+        if not rows:
+            print(_nothing_tuned(db))
+            return 0
+        count = db.count()
+    print(f"{db.path}: {count} measurements, {len(rows)} tuned problems")
+    gpus = sorted({e.gpu_name for e in rows})
+    gw = max(len(g) for g in gpus + ["gpu"])
+    print(f"{'shape':>20} {'dtype':>5} {'epilogue':>10} {'arch':>6} {'gpu':<{gw}} {'gemmc us':>10} {'cuBLAS us':>10} "
+          f"{'paired':>8} {'rows':>4} {'n':>4}  schedule")
     for e in rows:
         f = e.fields
         sp = f"{e.speedup:.3f}" if e.speedup else "-"
         cub = f"{e.cublas_us:.2f}" if e.cublas_us else "-"
         shape = f"{f['m']}x{f['n']}x{f['k']}" + (f" L{f['batch']}" if f['batch'] else "")
-        print(f"{shape:>20} {f['dtype']:>5} {f['epilogue_class'][:10]:>10} {e.time_us:10.2f} "
-              f"{cub:>10} {sp:>8} {e.n_rows:4d} {e.n_measured:4d}  {e.schedule.short()}"
+        print(f"{shape:>20} {f['dtype']:>5} {f['epilogue_class'][:10]:>10} {f['arch']:>6} {e.gpu_name:<{gw}} "
+              f"{e.time_us:10.2f} {cub:>10} {sp:>8} {e.n_rows:4d} {e.n_measured:4d}  {e.schedule.short()}"
               + (f"  (gemmc {e.version})" if e.stale else "") + ("  [own clock]" if e.own_clock else ""))
-    sps = [e.speedup for e in rows if e.speedup]
-    if sps:
-        print(_geomean_line(sps, f" over {len(sps)} problems"))
-    print(f"{PAIRED_NOTE} n = the problem's successful measurements."
+    # one geomean per GPU: speedups measured on different GPUs do not average into anything
+    for gpu in gpus:
+        sps = [e.speedup for e in rows if e.speedup and e.gpu_name == gpu]
+        if sps:
+            print(_geomean_line(sps, f" over {len(sps)} problems" + (f" on {gpu}" if len(gpus) > 1 else "")))
+    print(f"{PAIRED_NOTE} n = the problem's successful measurements on that GPU."
           + (" [own clock]: timed by `tune --sustained-s`, each side at the power-capped clock its own load "
              "sets; those rows alone rank their problem." if any(e.own_clock for e in rows) else ""))
     stale = [e for e in rows if e.stale]
@@ -243,7 +323,7 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
     if strategy == "rl":
         kw["policy"] = db.load_policy()
         if kw["policy"] is None:
-            raise SystemExit(f"{db.path} holds no policy: tune with another strategy first, or "
+            raise GemmcError(f"{db.path} holds no policy for --strategy rl: tune with another strategy first, or "
                              "`gemmc-search import` one, or `gemmc-search train-policy`")
     strat = make_strategy(strategy, seed=seed, **kw)
     bar = tqdm(total=len(shapes) * (budget + confirm), desc=f"tune ({strategy})", unit="meas", file=sys.stderr,
@@ -348,32 +428,47 @@ def print_summary(summary) -> None:
     print(PAIRED_NOTE)
 
 
-def cmd_tune(args) -> int:
+def _tune_shapes_checked(args) -> list:
+    """The shapes `tune` is asked for, with --dtype and --arch checked on them: every flag error is
+    reported before the GPU check (a wrong flag says so, not "no GPU")."""
     from ..bench.suites import get_suite, load_shapes
+    from ..errors import SpecError
+    from ..spec import GemmSpec
+    from ..types import as_arch
+    if args.shapes and args.sample is not None:
+        raise UsageError("--sample draws from a --suite; a --shapes file is tuned whole (list only the shapes "
+                         "you want in it)")
+    try:
+        shapes = get_suite(args.suite, args.sample, args.seed) if args.suite else load_shapes(args.shapes)
+        arch = as_arch(args.arch)
+    except SpecError as e:     # the suite, the shapes file or the arch: the message says which and how
+        raise UsageError(str(e)) from None
+    try:
+        GemmSpec(shapes[0].m, shapes[0].n, shapes[0].k, dtype=args.dtype)
+    except SpecError as e:
+        raise UsageError(f"--dtype {args.dtype}: {e}") from None
+    for flag in ("settle_s", "sustained_s"):
+        if getattr(args, flag) < 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= 0 (seconds; 0 turns it off)")
+    if any(s.arch != arch for s in args.also):
+        raise UsageError(f"--also schedules are read as sm_90a (swap_ab is SM90-only); they cannot run under "
+                         f"--arch {args.arch}: drop --also or tune sm_90a")
+    if args.repeats is not None and args.repeats < 1:
+        raise UsageError("--repeats must be >= 1 (timed units per side)")
+    return shapes
+
+
+def cmd_tune(args) -> int:
     from ..bench.timing import TimingConfig
     from .builder import Builder
     from .runner import Runner
-    shapes = get_suite(args.suite, args.sample, args.seed) if args.suite else load_shapes(args.shapes)
-    for flag in ("settle_s", "sustained_s"):
-        if getattr(args, flag) < 0:
-            print(f"gemmc-search tune: --{flag.replace('_', '-')} must be >= 0 (seconds; 0 turns it off)",
-                  file=sys.stderr)
-            return 2
-    from ..types import as_arch
-    if any(s.arch != as_arch(args.arch) for s in args.also):
-        print(f"gemmc-search tune: --also schedules are read as sm_90a (swap_ab is SM90-only); they cannot "
-              f"run under --arch {args.arch}: drop --also or tune sm_90a", file=sys.stderr)
-        return 2
-    if args.repeats is not None and args.repeats < 1:
-        print("gemmc-search tune: --repeats must be >= 1 (timed units per side)", file=sys.stderr)
-        return 2
+    shapes = _tune_shapes_checked(args)
     repeats = {} if args.repeats is None else {"repeats": args.repeats}
     runner = Runner(timing=TimingConfig(settle_s=args.settle_s, sustained_s=args.sustained_s, **repeats))
     gpu = runner.gpu_name()
     if gpu == "cpu":
-        print("gemmc-search tune measures on a GPU and none is visible; use `gemmc-search simulate` on the CPU",
-              file=sys.stderr)
-        return 2
+        raise UsageError("no GPU is visible, and tune measures on one; `gemmc-search simulate` replays recorded "
+                         "data through the strategies on the CPU")
     db = _db(args)
     with Builder(workers=args.workers, timeout_s=args.compile_timeout) as builder:
         summary = tune_shapes(shapes, dtype=args.dtype, arch=args.arch, strategy=args.strategy, budget=args.budget,
@@ -397,16 +492,25 @@ def cmd_simulate(args) -> int:
     from .simulate import group_problems, load_records, simulate
     header, records = load_records(args.data)
     problems = group_problems(records, header)
-    if args.max_shapes and args.max_shapes < len(problems):
+    if args.max_shapes is not None and args.max_shapes < len(problems):
         keep = sorted(random.Random(0).sample(range(len(problems)), args.max_shapes))
         problems = [problems[i] for i in keep]
     if not problems:
-        print(f"{args.data}: no problem with a successful measurement", file=sys.stderr)
-        return 1
+        raise GemmcError(f"{args.data}: no recorded problem has a successful measurement, so there is no best to "
+                         f"compare with; replay a dataset whose sweep ran")
+    strategies = list(args.strategy)
+    if "rl" in strategies and len(problems) < 2:
+        # rl is scored only on problems its policy was not trained on: one problem leaves none to train on
+        if strategies == ["rl"]:
+            raise GemmcError(f"{args.data}: rl needs at least two recorded problems (it trains on some and is "
+                             f"scored on the others); this dataset has {len(problems)}")
+        strategies.remove("rl")
+        print(f"gemmc-search simulate: note: rl left out: it trains on some recorded problems and is scored on "
+              f"the others, and this dataset has {len(problems)}", file=sys.stderr)
     t0 = time.perf_counter()
     progress = None if args.json else (lambda msg: print(f"  [{time.perf_counter() - t0:6.1f}s] {msg}",
                                                          file=sys.stderr))
-    res = simulate(problems, args.strategy, args.budget, args.seeds, batch=args.batch, rl_folds=args.folds,
+    res = simulate(problems, strategies, args.budget, args.seeds, batch=args.batch, rl_folds=args.folds,
                    rl_epochs=args.epochs, progress=progress, heuristic=not args.no_heuristic)
     if args.json:
         print(json.dumps(res))
@@ -426,21 +530,32 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_export(args) -> int:
-    n = _db(args).export(args.file)
+    with _existing_db(args) as db:
+        n = db.export(args.file)
     print(f"exported {n['measurements']} measurements and {n['policies']} policies to {args.file}")
     return 0
 
 
 def cmd_import(args) -> int:
-    n = _db(args).import_(args.file)
+    from .db import TuningDB
+    data = TuningDB.read_export(args.file)     # a bad file is refused before the DB is created or opened
+    with _db(args) as db:
+        n = db.merge_export(data)
     print(f"imported {n['measurements']} new measurements and {n['policies']} policies from {args.file}")
     return 0
 
 
 def cmd_train_policy(args) -> int:
-    from .rl import train_policy_from_db
-    db = _db(args)
-    pol = train_policy_from_db(db, epochs=args.epochs, seed=args.seed)
+    from .db import TuningDB
+    from .rl import examples_from_db, train_policy
+    with _existing_db(args) as db:
+        examples = examples_from_db(db)
+    if not examples:
+        raise GemmcError(f"{db.path}: no problem has two or more measured schedules, so there is nothing to rank; "
+                         f"tune some shapes first (`gemmc-search tune`) or `gemmc-search import` measurements")
+    pol = train_policy(examples, epochs=args.epochs, seed=args.seed)
+    with TuningDB(db.path) as out:      # opened for writing only to store the policy
+        out.save_policy(pol)
     print(f"trained the policy on {pol.trained_shapes} problems; saved in {db.path}")
     return 0
 
@@ -452,11 +567,32 @@ def cmd_synth(args) -> int:
     return 0
 
 
+def _error_line(e: BaseException, args) -> str | None:
+    """The one line for an error the user can fix (a flag, a file, the DB); None for anything else, a bug,
+    which keeps its traceback."""
+    import sqlite3
+    if isinstance(e, GemmcError):
+        return str(e)
+    if isinstance(e, sqlite3.DatabaseError):     # damaged after its first pages, or locked
+        return (f"the tuning DB {_db_path(args)}: {e}; check it with `sqlite3 FILE 'PRAGMA integrity_check'`, "
+                f"or point --db or GEMMC_TUNING_DB at another")
+    if isinstance(e, OSError):
+        return f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e)
+    return None
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     handler = {"tune": cmd_tune, "report": cmd_report, "export": cmd_export, "import": cmd_import,
                "train-policy": cmd_train_policy, "simulate": cmd_simulate, "synth": cmd_synth}[args.cmd]
-    return handler(args)
+    try:
+        return handler(args)
+    except Exception as e:
+        line = None if args.debug else _error_line(e, args)
+        if line is None:
+            raise
+        print(f"gemmc-search {args.cmd}: error: {line}", file=sys.stderr)
+        return 2 if isinstance(e, UsageError) else 1
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from .. import __version__
+from ..errors import GemmcError
 from ..schedule import Schedule
 from ..spec import GemmSpec
 from ..types import as_arch
@@ -69,6 +70,16 @@ CREATE TABLE IF NOT EXISTS policies (
 _COLUMNS = ("problem", "m", "n", "k", "batch", "dtype", "out_dtype", "acc_dtype", "a_layout", "b_layout",
             "epilogue_class", "arch", "gpu_name", "schedule", "time_us", "cublas_us", "compile_s", "error",
             "strategy", "gemmc_version", "created_at", "timing")
+
+
+# a file is gemmc's tuning DB when it holds these tables, and the measurements table these columns
+_TABLES = {"measurements", "policies"}
+_KEY_COLUMNS = {"problem", "gpu_name", "schedule", "time_us", "cublas_us", "gemmc_version"}
+_HINT = "point gemmc-search --db or GEMMC_TUNING_DB at a gemmc tuning DB (`gemmc-search tune` writes one)"
+
+
+class TuningDBError(GemmcError):
+    """A tuning DB (or an export of one) is missing, unreadable, or not gemmc's."""
 
 
 def default_path() -> Path:
@@ -233,20 +244,69 @@ _FIELDS = ("m", "n", "k", "batch", "dtype", "out_dtype", "acc_dtype", "a_layout"
 
 class TuningDB:
     def __init__(self, path=None, create: bool = True):
-        """create=False: open an existing DB for lookups without touching its schema (no write lock)."""
+        """create=True: open for writing, making the file (and its folder) when missing and bringing its
+        schema up to date. create=False: open an existing DB read-only, for lookups and reports (no
+        write is allowed, no write lock taken). Either way a file that is not a gemmc tuning DB raises
+        TuningDBError, naming it, and is left as it was."""
         self.path = Path(path) if path is not None else default_path()
+        if self.path.is_dir():
+            raise TuningDBError(f"{self.path} is a folder, not a tuning DB file; {_HINT}")
         if not create:
-            self.conn = sqlite3.connect(str(self.path), timeout=60)
-            self.conn.row_factory = sqlite3.Row
+            if not self.path.exists():
+                raise TuningDBError(f"{self.path}: no tuning DB there; {_HINT}")
+            # mode=rw never creates the file, and query_only refuses every write (no tables added, no switch
+            # to WAL); unlike mode=ro, the last reader to close still tidies away the -wal and -shm files
+            self.conn = self._connect(self.path.absolute().as_uri() + "?mode=rw", uri=True)
+            self.conn.execute("PRAGMA query_only = ON")
+            self._check_is_gemmc_db(empty_ok=False)
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(self.path), timeout=60)
-        self.conn.row_factory = sqlite3.Row
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=NORMAL")   # WAL + NORMAL: a killed process loses nothing committed
-        with self.conn:
-            self.conn.executescript(_SCHEMA)
-            self._migrate()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TuningDBError(f"cannot create the folder of the tuning DB {self.path}: {e.strerror or e}; "
+                                f"{_HINT}") from None
+        self.conn = self._connect(str(self.path))
+        self._check_is_gemmc_db(empty_ok=True)     # before anything is written: a foreign file stays untouched
+        try:
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")   # WAL + NORMAL: a killed process loses nothing committed
+            with self.conn:
+                self.conn.executescript(_SCHEMA)
+                self._migrate()
+        except sqlite3.DatabaseError as e:
+            self.conn.close()
+            raise TuningDBError(f"cannot write the tuning DB {self.path}: {e}") from None
+
+    def _connect(self, target: str, uri: bool = False) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(target, timeout=60, uri=uri)
+        except sqlite3.Error as e:
+            raise TuningDBError(f"cannot open the tuning DB {self.path}: {e}; {_HINT}") from None
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def _check_is_gemmc_db(self, empty_ok: bool) -> None:
+        """Raise TuningDBError (and close) unless the file holds gemmc's tables; an empty file passes
+        when `empty_ok` (it is about to get them)."""
+        try:
+            tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            columns = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
+        except sqlite3.DatabaseError as e:
+            self.conn.close()
+            raise TuningDBError(f"{self.path} cannot be read as a tuning DB ({e}); {_HINT}") from None
+        if not tables and empty_ok:
+            return
+        why = None
+        if not tables:
+            why = "it is empty (no tables)"
+        elif not _TABLES <= tables:
+            why = (f"it has no {' or '.join(sorted(_TABLES - tables))} table "
+                   f"(its tables: {', '.join(sorted(tables)[:6])})")
+        elif not _KEY_COLUMNS <= columns:
+            why = f"its measurements table lacks {', '.join(sorted(_KEY_COLUMNS - columns))}"
+        if why:
+            self.conn.close()
+            raise TuningDBError(f"{self.path} is not a gemmc tuning DB: {why}; {_HINT}")
 
     def _migrate(self) -> None:
         """Bring a schema-1 or -2 file up to date (its rows are kept as they are, interleaved); a newer file is
@@ -262,7 +322,8 @@ class TuningDB:
 
     @classmethod
     def open_existing(cls, path=None) -> Optional["TuningDB"]:
-        """The DB if the file exists (never creates one: lookups must not write)."""
+        """The DB, read-only, if the file exists; None if it does not (lookups never create one). A file
+        that is not a gemmc tuning DB raises TuningDBError."""
         p = Path(path) if path is not None else default_path()
         return cls(p, create=False) if p.exists() else None
 
@@ -367,6 +428,12 @@ class TuningDB:
     def count(self) -> int:
         return self.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
 
+    def failures(self) -> list[tuple[str, int]]:
+        """[(error, rows)] of the failed measurements, the most frequent first."""
+        return [(r[0], r[1]) for r in self.conn.execute(
+            "SELECT COALESCE(error, 'no time'), COUNT(*) AS n FROM measurements "
+            "WHERE error IS NOT NULL OR time_us IS NULL GROUP BY 1 ORDER BY n DESC, 1")]
+
     def rows(self) -> list[dict]:
         return [dict(r) for r in self.conn.execute("SELECT * FROM measurements ORDER BY id")]
 
@@ -390,24 +457,74 @@ class TuningDB:
 
     # ---- moving results between machines ----------------------------------------------------------
     def export(self, path) -> dict:
-        """Every measurement and policy to a gzipped JSON file."""
+        """Every measurement and policy to a gzipped JSON file (never over this DB's own file)."""
+        dest = Path(path)
+        if dest.exists() and dest.samefile(self.path):
+            raise TuningDBError(f"{dest} is the tuning DB being exported; name another file, e.g. tuned.json.gz")
+        if dest.is_dir():
+            raise TuningDBError(f"{dest} is a folder; name the file to write, e.g. {dest / 'tuned.json.gz'}")
+        if not dest.absolute().parent.is_dir():
+            raise TuningDBError(f"cannot write {dest}: its folder {dest.absolute().parent} does not exist")
         pols = [{"name": r["name"], "blob": base64.b64encode(bytes(r["blob"])).decode(),
                  "feature_spec": r["feature_spec"], "trained_shapes": r["trained_shapes"],
                  "gemmc_version": r["gemmc_version"], "created_at": r["created_at"]}
                 for r in self.conn.execute("SELECT * FROM policies")]
-        rows = [{c: r[c] for c in _COLUMNS} for r in self.rows()]
-        with gzip.open(path, "wt") as f:
-            json.dump({"format": "gemmc-tuning", "schema_version": SCHEMA_VERSION, "measurements": rows,
-                       "policies": pols}, f)
+        # .get: a file of an older schema opened read-only may lack a column (timing)
+        rows = [{c: r.get(c) for c in _COLUMNS} for r in self.rows()]
+        try:
+            with gzip.open(dest, "wt") as f:
+                json.dump({"format": "gemmc-tuning", "schema_version": SCHEMA_VERSION, "measurements": rows,
+                           "policies": pols}, f)
+        except OSError as e:
+            raise TuningDBError(f"cannot write {dest}: {e.strerror or e}") from None
         return {"measurements": len(rows), "policies": len(pols)}
+
+    @staticmethod
+    def read_export(path) -> dict:
+        """The contents of a `gemmc-search export` file, checked; TuningDBError says what else it is."""
+        src = Path(path)
+        what = "give the .json.gz file that `gemmc-search export` writes"
+        try:
+            with gzip.open(src, "rt") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            raise TuningDBError(f"{src} does not exist; {what}") from None
+        except gzip.BadGzipFile:
+            raise TuningDBError(f"{src} is not gzipped, so not a gemmc-search export; {what}") from None
+        except json.JSONDecodeError as e:
+            hint = (" (a bench dataset, one JSON record per line? `gemmc-search simulate --data` replays those)"
+                    if e.msg == "Extra data" else "")
+            raise TuningDBError(f"{src} is not one JSON document{hint}: {e}; {what}") from None
+        except (UnicodeDecodeError, EOFError) as e:
+            raise TuningDBError(f"{src} is damaged or not JSON ({e}); {what}") from None
+        except OSError as e:
+            raise TuningDBError(f"cannot read {src}: {e.strerror or e}") from None
+        if not isinstance(data, dict) or data.get("format") != "gemmc-tuning":
+            raise TuningDBError(f"{src} is not a gemmc-search export (missing format='gemmc-tuning'); {what}")
+        rows, pols = data.get("measurements"), data.get("policies", [])
+        if not isinstance(rows, list) or not isinstance(pols, list):
+            raise TuningDBError(f"{src}: a gemmc-search export holds lists of 'measurements' and 'policies'; this "
+                                f"one does not (a damaged file?); export it again")
+        # the columns a row cannot be stored without, and time_us (it identifies a row already merged)
+        need = ("problem", "m", "n", "k", "dtype", "out_dtype", "acc_dtype", "a_layout", "b_layout",
+                "epilogue_class", "arch", "gpu_name", "schedule", "time_us", "gemmc_version", "created_at")
+        need_pol = ("name", "blob", "feature_spec", "trained_shapes", "gemmc_version", "created_at")
+        for what_row, items, keys in (("measurement", rows, need), ("policy", pols, need_pol)):
+            for i, r in enumerate(items):
+                missing = [c for c in keys if c not in r] if isinstance(r, dict) else None
+                if missing is None or missing:
+                    lack = "is not a JSON object" if missing is None else f"lacks {', '.join(missing)}"
+                    raise TuningDBError(f"{src}: {what_row} {i} {lack} (a damaged file, or not gemmc's?); "
+                                        f"export it again")
+        return data
 
     def import_(self, path) -> dict:
         """Merge an export: measurements already present (same problem, GPU, schedule, time, timestamp)
         are skipped; a policy replaces the local one of its name only if it is newer."""
-        with gzip.open(path, "rt") as f:
-            data = json.load(f)
-        if data.get("format") != "gemmc-tuning":
-            raise ValueError(f"{path} is not a gemmc-search export (missing format='gemmc-tuning')")
+        return self.merge_export(self.read_export(path))
+
+    def merge_export(self, data: dict) -> dict:
+        """`import_` of contents `read_export` checked."""
         have = {(r["problem"], r["gpu_name"], r["schedule"], r["created_at"], r["time_us"]) for r in self.rows()}
         added = 0
         with self.conn:

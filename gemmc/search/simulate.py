@@ -16,9 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from ..errors import GemmcError
 from ..schedule import Schedule
 from ..spec import GemmSpec
 from .strategy import Measurement, SearchProblem, best_so_far, make_strategy, run_search
+
+
+DATASET_HINT = ("--data takes the .jsonl.gz sweeps `gemmc bench` records (bench/data/), or a file "
+                "`gemmc-search synth FILE` writes")
+
+
+class DatasetFileError(GemmcError, ValueError):
+    """A --data file is not a dataset of recorded measurements (the message says what it is instead)."""
 
 
 @dataclass
@@ -54,7 +63,9 @@ def _read_jsonl(path: Path):
             if not line.strip():
                 continue
             obj = json.loads(line)
-            if not header and not records and ("format" in obj or "header" in obj):
+            if not isinstance(obj, dict):
+                records.append(obj)     # not a record: _check_records says so
+            elif not header and not records and ("format" in obj or "header" in obj):
                 header = obj.get("header", obj)
             elif "footer" in obj:
                 header["footer"] = obj["footer"]
@@ -67,18 +78,36 @@ def _load_one(path: Path) -> tuple[dict, list]:
     try:
         from ..bench.dataset import load_dataset
     except ImportError:
-        return _read_jsonl(path)
+        load_dataset = None
     try:
-        return load_dataset(path)
-    except Exception:
+        if load_dataset is not None:
+            return load_dataset(path)
+    except Exception:       # not the bench's exact format: read it as plain JSON lines below
+        pass
+    try:
         return _read_jsonl(path)
+    except (json.JSONDecodeError, UnicodeDecodeError, EOFError, gzip.BadGzipFile) as e:
+        raise DatasetFileError(f"{path} is not a dataset of JSON lines ({type(e).__name__}: {e}); "
+                               f"{DATASET_HINT}") from None
+
+
+def _check_records(path: Path, header: dict, records: list) -> None:
+    """Raise DatasetFileError, saying what `path` is instead, unless it holds measurement records."""
+    if header.get("format") == "gemmc-tuning":
+        raise DatasetFileError(f"{path} is a tuning-DB export (`gemmc-search export`), not a bench dataset: merge "
+                               f"it into a DB with `gemmc-search import {path}`; {DATASET_HINT}")
+    for i, r in enumerate(records):
+        if not isinstance(r, dict) or "schedule" not in r or not ("shape" in r or all(d in r for d in "mnk")):
+            raise DatasetFileError(f"{path}: record {i + 1} is not a measurement (a measurement has m, n, k and a "
+                                   f"schedule); {DATASET_HINT}")
 
 
 def load_records(path) -> tuple[dict, list]:
     """(header, records) of a dataset file, or of every dataset file in a folder (records of all
     files together: `group_problems` merges a shape recorded in several files into one problem,
     e.g. the split-K 1 sweep and the split-K > 1 sweep of the same shapes). The header is the first
-    file's, with "files" listing every file read."""
+    file's, with "files" listing every file read. A missing path raises FileNotFoundError, a file of
+    another kind DatasetFileError."""
     path = Path(path)
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.name.endswith((".jsonl.gz", ".jsonl")))
@@ -92,6 +121,7 @@ def load_records(path) -> tuple[dict, list]:
     header, records = {}, []
     for f in files:
         h, recs = _load_one(f)
+        _check_records(f, h, recs)
         header = header or dict(h)
         records.extend(recs)
     header["files"] = [str(f) for f in files]
