@@ -1,8 +1,12 @@
 """The `gemmc` command.
 
-    gemmc compile --m 4096 --n 4096 --k 4096 --dtype bf16 --arch sm_90a [--tile 128x128x64 --cluster 2x1
-                  --mode pingpong ...] [--print-ir-after-all | --print-ir-after PASS] [--emit ir|source]
+    gemmc compile --m 4096 --n 4096 --k 4096 --dtype bf16 --arch sm_90a [--schedule auto|heuristic]
+                  [--tile 128x128x64 --cluster 2x1 --mode pingpong ...]
+                  [--print-ir-after-all | --print-ir-after PASS] [--emit ir|source]
     gemmc opt FILE.mlir -p assign-warpgroup-roles,tma-cluster-layout,pipeline-staging,verify-resources
+
+Schedule flags (--tile ...) replace those fields of the --schedule pick for the problem; the other fields keep
+the pick's values.
 
 Other subcommands register themselves in SUBCOMMANDS: name -> module path; the module defines
 `register(subparsers)`, which adds its parser and sets `func=<callable(args) -> exit code>`.
@@ -17,7 +21,7 @@ from typing import Optional, Sequence
 
 from xdsl.xdsl_opt_main import xDSLOptMain
 
-from .errors import GemmcError
+from .errors import GemmcError, ScheduleError
 
 SUBCOMMANDS: dict[str, str] = {
     "build": "gemmc.build_cli",
@@ -64,10 +68,15 @@ def add_problem_and_schedule_args(p) -> None:
     prob.add_argument("--a-layout", default="mk", choices=("mk", "km"))
     prob.add_argument("--b-layout", default="nk", choices=("nk", "kn"))
     prob.add_argument("--name", default="gemm")
-    sch = p.add_argument_group("schedule (any of these gives an explicit schedule; the rest default)")
-    sch.add_argument("--arch", default="sm_90a", help="sm_90a | sm_80")
-    sch.add_argument("--schedule", default="auto", choices=("auto", "heuristic"),
-                     help="how to choose the schedule when no knob below is given")
+    pick = p.add_argument_group("target and schedule choice")
+    pick.add_argument("--arch", default="sm_90a", help="sm_90a | sm_80")
+    pick.add_argument("--schedule", default="auto", choices=("auto", "heuristic"),
+                      help="how to pick the schedule (default auto: the tuning DB, the shipped table, then the "
+                           "heuristic; with a symbolic M, per runtime M). Schedule fields given below replace those "
+                           "fields of this pick for the problem; with a symbolic M, auto's pick is then the "
+                           "heuristic's for the symbolic shape")
+    sch = p.add_argument_group("schedule fields (each replaces that field of the --schedule pick; the others keep "
+                               "the pick's values)")
     sch.add_argument("--tile", type=_shape(3), help="MxNxK, e.g. 128x128x64")
     sch.add_argument("--cluster", type=_shape(2), help="MxN CTAs, e.g. 2x1")
     sch.add_argument("--stages", type=_stages, help="int or auto")
@@ -75,14 +84,35 @@ def add_problem_and_schedule_args(p) -> None:
     sch.add_argument("--raster", choices=("m", "n"))
     sch.add_argument("--swizzle", type=int)
     sch.add_argument("--split-k", type=int)
-    sch.add_argument("--no-pdl", dest="pdl", action="store_const", const=False, default=None,
-                     help="plain launches, not programmatic dependent ones (sm_90a; sm_80 kernels always launch plain)")
-    sch.add_argument("--swap-ab", dest="swap_ab", action="store_const", const=True, default=None,
+    sch.add_argument("--pdl", dest="pdl", action=argparse.BooleanOptionalAction, default=None,
+                     help="programmatic dependent launch (sm_90a; the search and heuristic keep it on); --no-pdl "
+                          "launches plainly (sm_80 kernels always launch plain)")
+    sch.add_argument("--swap-ab", dest="swap_ab", action=argparse.BooleanOptionalAction, default=None,
                      help="swap A and B (sm_90a, split-K up to 4): the kernel computes out^T = b @ a^T, --tile and "
-                          "--cluster read N first; for decode and small-batch shapes (M <= 128)")
-    sch.add_argument("--stream-k", dest="stream_k", action="store_const", const=True, default=None,
-                     help="stream-K (sm_90a, cooperative, split-K 1): every CTA takes an equal share of all "
-                          "k-iterations; for shapes whose few tiles would leave SMs idle")
+                          "--cluster read N first; for decode and small-batch shapes (M <= 128). The pick may "
+                          "already be swapped: --no-swap-ab to unswap it")
+    sch.add_argument("--stream-k", dest="stream_k", action=argparse.BooleanOptionalAction, default=None,
+                     help="stream-K (sm_90a, cooperative, split-K 1): whole waves of tiles run data-parallel, and "
+                          "the tiles of the last partial wave and one full wave are split into equal (tile, k-tile) "
+                          "shares per cluster; for shapes whose tiles would leave SMs idle in a partial wave")
+
+
+def schedule_from_args(args, spec):
+    """(schedule= for gemmc.compile, the pick the flags edited or None). No schedule flag: the --schedule
+    choice itself. Otherwise that choice resolved for `spec` with the flagged fields replaced; with a symbolic
+    M, auto resolves (as it does before its per-M buckets) to the heuristic's pick for the symbolic shape."""
+    from .compiler import choose_schedule
+    from .schedule import default_schedule
+
+    knobs = {f: getattr(args, f) for f in SCHEDULE_FLAGS if getattr(args, f) is not None}
+    if not knobs:
+        return args.schedule, None
+    try:
+        base = choose_schedule(spec, args.schedule, args.arch)
+    except ScheduleError:
+        # nothing in the heuristic's space fits this problem: the flags edit the default, and its check says why
+        base = default_schedule(args.arch)
+    return base.with_(**knobs), base
 
 
 def add_compile_parser(sub) -> None:
@@ -118,15 +148,26 @@ def _bucket_runs(table):
 
 def run_compile(args) -> int:
     from .compiler import compile
-    from .schedule import default_schedule
     from .spec import GemmSpec
 
     spec = GemmSpec(m=args.m, n=args.n, k=args.k, batch=args.batch, dtype=args.dtype, out_dtype=args.out_dtype,
                     acc_dtype=args.acc_dtype, a_layout=args.a_layout, b_layout=args.b_layout, name=args.name)
-    knobs = {f: getattr(args, f) for f in SCHEDULE_FLAGS if getattr(args, f) is not None}
-    schedule = default_schedule(args.arch).with_(**knobs) if knobs else args.schedule
-    k = compile(spec, schedule=schedule, arch=args.arch, emit="kernel" if args.emit == "source" else "ir")
+    schedule, base = schedule_from_args(args, spec)
+    if base is not None:            # which pick the flags edited
+        flagged = ", ".join(f for f in SCHEDULE_FLAGS if getattr(args, f) is not None)
+        who = "auto (the heuristic: M is symbolic)" if args.schedule == "auto" and not isinstance(spec.m, int) \
+            else args.schedule
+        edited = f"{who} picked {base.short()}; set by flags: {flagged}"
+    try:
+        k = compile(spec, schedule=schedule, arch=args.arch, emit="kernel" if args.emit == "source" else "ir")
+    except ScheduleError as e:
+        if base is None:
+            raise
+        # a field the flags left alone may be what breaks (say the pick's 10 stages under a larger --tile)
+        raise GemmcError(f"{e}\n  ({edited}; the other fields keep the pick's values: set them too)") from None
     print(f"// schedule: {k.schedule.short()} ({k.arch})")
+    if base is not None:
+        print(f"// {edited}")
     if k.decision is not None:      # schedule="auto": which step chose, and whether cuBLAS runs instead
         d = k.decision
         print(f"// auto: from {d.source}" + (f" ({d.detail})" if d.detail else "")
@@ -182,7 +223,18 @@ def add_opt_parser(sub) -> None:
 
 
 def run_opt(args) -> int:
-    GemmcOptMain(description="gemmc opt: run gemmc passes over IR", args=args.opt_args).run()
+    from .passes import PIPELINE
+    try:
+        opt = GemmcOptMain(description="gemmc opt: run gemmc passes over IR", args=args.opt_args)
+    except ValueError as e:     # xDSL's "Unrecognized passes: [...]", raised while it builds the pipeline
+        if "Unrecognized passes" not in str(e):
+            raise
+        raise GemmcError(f"{e}; gemmc's passes are {', '.join(PIPELINE)} (-p takes them comma-separated)") from None
+    try:
+        opt.run()
+    except OSError as e:        # the input file (or -o's) cannot be opened
+        raise GemmcError(f"cannot open {e.filename}: {e.strerror}; pass an existing .mlir file (or - for stdin)") \
+            from None
     return 0
 
 

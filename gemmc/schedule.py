@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass, replace
+import numbers
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Iterator, Union
 
 from .errors import ScheduleError
@@ -93,11 +94,18 @@ class Schedule:
     stream_k: bool = False
 
     def __post_init__(self):
-        object.__setattr__(self, "tile", tuple(int(x) for x in self.tile))
-        object.__setattr__(self, "cluster", tuple(int(x) for x in self.cluster))
-        object.__setattr__(self, "arch", as_arch(self.arch))
-        if self.stages != "auto":
-            object.__setattr__(self, "stages", int(self.stages))
+        # lossless normalization only (lists to tuples, numpy ints to int, "4" to 4): a malformed value stays
+        # as given, for check_schedule to name instead of truncating 3.7 stages to 3
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
+        set_("tile", _as_ints(self.tile))
+        set_("cluster", _as_ints(self.cluster))
+        set_("arch", as_arch(self.arch))
+        if isinstance(self.stages, str) and self.stages.isdigit():    # the IR and the CLI write stages as text
+            set_("stages", int(self.stages))
+        elif self.stages != "auto":
+            set_("stages", _as_int(self.stages))
+        set_("swizzle", _as_int(self.swizzle))
+        set_("split_k", _as_int(self.split_k))
 
     def to_dict(self) -> dict:
         """`pdl` appears only when off, so the dicts recorded before it existed (datasets, tuning DBs,
@@ -113,6 +121,9 @@ class Schedule:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Schedule":
+        """The inverse of `to_dict`; also what `gemmc.compile(spec, {...})` reads. A key that is not a field
+        raises ScheduleError naming it."""
+        _require_fields(d)
         return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()})
 
     def short(self) -> str:
@@ -125,7 +136,32 @@ class Schedule:
                 + ("_swap" if self.swap_ab else "") + ("_streamk" if self.stream_k else ""))
 
     def with_(self, **kw) -> "Schedule":
+        _require_fields(kw)
         return replace(self, **kw)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _as_int(x):
+    return int(x) if _is_int(x) else x
+
+
+def _as_ints(value):
+    return tuple(_as_int(x) for x in value) if isinstance(value, (tuple, list)) else value
+
+
+def _is_sizes(value, n: int) -> bool:
+    return isinstance(value, tuple) and len(value) == n and all(_is_int(x) for x in value)
+
+
+def _require_fields(d) -> None:
+    names = [f.name for f in fields(Schedule)]
+    unknown = [k for k in d if k not in names]
+    if unknown:
+        raise ScheduleError([Violation("schedule field", repr(k), f"Schedule has no such field: use {', '.join(names)}")
+                             for k in unknown])
 
 
 @dataclass(frozen=True)
@@ -265,39 +301,50 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
     """Every rule `s` breaks for `spec` (empty: valid). The single source of truth."""
     v: list[Violation] = []
     add = lambda limit, value, fix: v.append(Violation(limit, value, fix))  # noqa: E731
-    bm, bn, bk = s.tile
-    cm, cn = s.cluster
     lim = ARCH_LIMITS[s.arch]
     sm90 = s.arch == "sm_90a"
 
+    # form first: the resource model below needs integer sizes, stages and split_k
+    if not _is_sizes(s.tile, 3):
+        add("tile", repr(s.tile), "use three integers (M, N, K), e.g. tile=(128, 128, 64)")
+    if not _is_sizes(s.cluster, 2):
+        add("cluster", repr(s.cluster), "use two integers (M, N), the CTAs per cluster, e.g. cluster=(2, 1)")
+    stages_ok = s.stages == "auto" or _is_int(s.stages)
+    if not stages_ok:
+        add("stages", repr(s.stages), "use an integer of at least 2, or 'auto'")
     if s.mode not in MODES:
         add("mode", s.mode, f"use one of {MODES}")
     if s.raster not in RASTERS:
         add("raster order", s.raster, "use 'm' or 'n'")
-    if s.swizzle not in SWIZZLES:
-        add("swizzle", s.swizzle, f"use one of {SWIZZLES}")
-    if not (isinstance(s.split_k, int) and 1 <= s.split_k <= 16):
-        add("split_k", s.split_k, "use an integer from 1 to 16")
+    if not (_is_int(s.swizzle) and s.swizzle in SWIZZLES):
+        add("swizzle", repr(s.swizzle), f"use one of {SWIZZLES}")
+    if not (_is_int(s.split_k) and 1 <= s.split_k <= 16):
+        add("split_k", repr(s.split_k), "use an integer from 1 to 16")
     if not isinstance(s.pdl, bool):
         add("pdl", s.pdl, "use True (programmatic dependent launch, the default) or False (plain launches)")
     if not isinstance(s.swap_ab, bool):
         add("swap_ab", s.swap_ab, "use False (the default) or True (the kernel computes out^T = b @ a^T)")
     elif s.swap_ab and not sm90:
         add("swap_ab", True, "swapping A and B is SM90-only: use swap_ab=False on sm_80")
-    elif s.swap_ab and s.split_k > SWAP_MAX_SPLITS:
+    elif s.swap_ab and _is_int(s.split_k) and s.split_k > SWAP_MAX_SPLITS:
         add("swap_ab with split_k", s.split_k, f"a swapped kernel sums its splits in the kernel, at most "
             f"{SWAP_MAX_SPLITS}: lower split_k")
     if not isinstance(s.stream_k, bool):
-        add("stream_k", s.stream_k, "use False (the default) or True (stream-K: equal k-iteration shares per CTA)")
+        add("stream_k", s.stream_k, "use False (the default) or True (stream-K: whole waves run data-parallel; the "
+            "tiles of the last partial wave and one full wave are shared out as equal (tile, k-tile) runs per cluster)")
     elif s.stream_k:
         if not sm90:
             add("stream_k", True, "stream-K is SM90-only: use stream_k=False on sm_80")
-        if s.split_k != 1:
+        if _is_int(s.split_k) and s.split_k != 1:
             add("stream_k with split_k", s.split_k, "stream-K splits K itself: use split_k=1")
         if s.mode != "cooperative":
             add("stream_k mode", s.mode, "stream-K is built for cooperative kernels: use mode='cooperative'")
-    if s.stages != "auto" and s.stages < 2:
+    if stages_ok and s.stages != "auto" and s.stages < 2:
         add("stages", s.stages, "use at least 2 (or 'auto')")
+    if not (_is_sizes(s.tile, 3) and _is_sizes(s.cluster, 2) and stages_ok and _is_int(s.split_k)):
+        return v
+    bm, bn, bk = s.tile
+    cm, cn = s.cluster
     if min(s.tile) <= 0 or min(s.cluster) <= 0:
         add("tile/cluster", (s.tile, s.cluster), "use positive sizes")
         return v
@@ -308,10 +355,15 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
             add("tile M (cooperative)", bm, "two consumer warpgroups split the tile in 64-row WGMMAs: use 128, 192 "
                 "or 256, or mode='pingpong' for 64")
         if splits_n(s):
-            if s.swap_ab or s.split_k > 1 or s.stream_k:
-                add("tile M 192", (s.swap_ab, s.split_k, s.stream_k), "a 192-row tile splits its columns between "
-                    "the two consumer warpgroups, which the swapped store and the split-K fix-up do not: use "
-                    "swap_ab=False, split_k=1 and stream_k=False, or a 128- or 256-row tile")
+            # field -> (set here?, the value a 192-row tile takes)
+            unsupported = {"swap_ab": (s.swap_ab, False), "split_k": (s.split_k > 1, 1),
+                           "stream_k": (s.stream_k, False)}
+            got = [f"{k}={getattr(s, k)!r}" for k, (on, _) in unsupported.items() if on]
+            if got:
+                use = " and ".join(f"{k}={plain!r}" for k, (on, plain) in unsupported.items() if on)
+                add("tile M 192", ", ".join(got), "a 192-row tile splits its columns between the two consumer "
+                    "warpgroups, which the swapped store, the split-K fix-up and stream-K do not: use "
+                    f"{use}, or a 128- or 256-row tile")
             if bn % 32:
                 add("tile N (192-row tile)", bn, "each consumer warpgroup takes BN/2 columns in 16-column WGMMA "
                     "steps: use a multiple of 32")
@@ -342,10 +394,11 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
             add("cluster size", cm * cn, f"at most {lim.max_cluster} CTAs per cluster")
         if cm not in (1, 2, 4, 8, 16) or cn not in (1, 2, 4, 8, 16):
             add("cluster shape", s.cluster, "use powers of two")
-        if bm % (8 * cn):
+        # only a multicast operand is sliced (cluster N > 1 for A, M > 1 for B)
+        if cn > 1 and bm % (8 * cn):
             add("multicast slice of A", f"{bm}/{cn}", f"A is multicast over the cluster's N extent in {cn} row "
                 "slices of 8-row multiples: shrink cluster N or grow tile M")
-        if bn % (8 * cm):
+        if cm > 1 and bn % (8 * cm):
             add("multicast slice of B", f"{bn}/{cm}", f"B is multicast over the cluster's M extent in {cm} row "
                 "slices of 8-row multiples: shrink cluster M or grow tile N")
 
@@ -368,7 +421,8 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
     stage_b = ab_stage_bytes(s, spec)
     stages = resolve_stages(s, spec)
     used = smem_bytes(s, spec)
-    if stages < 2:
+    # the tile itself leaves no room for a 2-stage ring (an explicit stages < 2 is the "stages" rule's, above)
+    if max_stages(s, spec) < 2:
         add("shared memory", f"{max_stages(s, spec)} A/B stage(s) of {stage_b} B fit in {lim.smem_bytes} B",
             "use a smaller tile (the ring needs 2 stages)")
     elif used > lim.smem_bytes:

@@ -8,12 +8,13 @@ Operands are passed in the storage shape their layout names, contiguous in the l
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import Union
 
 from .errors import SpecError
-from .types import ACC_DTYPES, INPUT_DTYPES, OUTPUT_DTYPES, DType, as_dtype
+from .types import ACC_DTYPES, EPILOGUE_INPUT_DTYPES, INPUT_DTYPES, OUTPUT_DTYPES, DType, as_dtype
 
 Dim = Union[int, str]
 
@@ -24,6 +25,13 @@ INPUT_KINDS = ("scalar", "row", "col", "full")  # row: length N (bias); col: len
 BINARY_OPS = ("add", "sub", "mul", "div")
 UNARY_OPS = ("relu", "gelu_tanh", "gelu_erf", "silu", "sigmoid", "tanh", "clamp", "cast")
 EPILOGUE_OPS = BINARY_OPS + UNARY_OPS
+REF_KINDS = ("acc", "input", "const", "node")
+
+
+def _dtype_hint(dtype: DType) -> str:
+    if dtype.bits == 8:
+        return " (fp8 is reserved for a later release)"
+    return " (i32 is for runtime counters only)" if dtype == DType.i32 else ""
 
 
 @dataclass(frozen=True)
@@ -34,11 +42,14 @@ class EpilogueInput:
     dtype: DType = DType.f32
 
     def __post_init__(self):
-        object.__setattr__(self, "dtype", as_dtype(self.dtype))
-        if not _IDENT.match(self.name) or self.name in ("a", "b", "out", "acc"):
+        object.__setattr__(self, "dtype", as_dtype(self.dtype, EPILOGUE_INPUT_DTYPES))
+        if not isinstance(self.name, str) or not _IDENT.match(self.name) or self.name in ("a", "b", "out", "acc"):
             raise SpecError(f"epilogue input name {self.name!r} must be an identifier other than a, b, out, acc")
         if self.kind not in INPUT_KINDS:
             raise SpecError(f"epilogue input {self.name!r} has kind {self.kind!r}; use one of {INPUT_KINDS}")
+        if self.dtype not in EPILOGUE_INPUT_DTYPES:   # the backends load bf16/f16/f32 and widen to f32
+            raise SpecError(f"epilogue input {self.name!r} has dtype {self.dtype}{_dtype_hint(self.dtype)}; use "
+                            f"{', '.join(d.value for d in EPILOGUE_INPUT_DTYPES)} (convert the tensor before the call)")
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,18 @@ class EpilogueOp:
         return dict(self.attrs).get(name, default)
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _check_number(x, what: str, fix: str) -> None:
+    """Epilogue constants and clamp bounds: finite real numbers (the DSL rejects inf and nan the same way)."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise SpecError(f"{what} {x!r} is not a number; write {fix} with a python float")
+    if not math.isfinite(x):
+        raise SpecError(f"{what} {x!r} is not finite; use a finite float")
+
+
 def _check_dim(name: str, d) -> Dim:
     if isinstance(d, bool):
         raise SpecError(f"dim {name}={d!r} must be a positive int or a name like 'M'")
@@ -121,21 +144,21 @@ class GemmSpec:
             set_(d, _check_dim(d, getattr(self, d)))
         if self.batch is not None:
             set_("batch", _check_dim("batch", self.batch))
-        set_("dtype", as_dtype(self.dtype))
-        set_("acc_dtype", as_dtype(self.acc_dtype))
-        set_("out_dtype", as_dtype(self.out_dtype) if self.out_dtype is not None else self.dtype)
+        set_("dtype", as_dtype(self.dtype, INPUT_DTYPES))
+        set_("acc_dtype", as_dtype(self.acc_dtype, ACC_DTYPES))
+        set_("out_dtype", as_dtype(self.out_dtype, OUTPUT_DTYPES) if self.out_dtype is not None else self.dtype)
         set_("inputs", tuple(self.inputs))
         set_("epilogue", tuple(self.epilogue))
         if self.dtype not in INPUT_DTYPES:
-            hint = " (fp8 is reserved for a later release)" if self.dtype.bits == 8 else ""
-            raise SpecError(f"input dtype {self.dtype} is not supported{hint}; use bf16 or f16")
+            raise SpecError(f"input dtype {self.dtype} is not supported{_dtype_hint(self.dtype)}; use bf16 or f16")
         if self.acc_dtype not in ACC_DTYPES:
             raise SpecError(f"accumulator dtype {self.acc_dtype} is not supported; use f32 (or f16 with f16 inputs)")
         if self.acc_dtype == DType.f16 and self.dtype != DType.f16:
             raise SpecError(f"f16 accumulation needs f16 inputs (the tensor cores have no {self.dtype}->f16 MMA); "
                             "use acc_dtype='f32'")
         if self.out_dtype not in OUTPUT_DTYPES:
-            raise SpecError(f"output dtype {self.out_dtype} is not supported; use bf16, f16 or f32")
+            raise SpecError(f"output dtype {self.out_dtype} is not supported{_dtype_hint(self.out_dtype)}; "
+                            "use bf16, f16 or f32")
         if self.a_layout not in ("mk", "km"):
             raise SpecError(f"a_layout={self.a_layout!r}; use 'mk' (A is M x K) or 'km' (A is K x M)")
         if self.b_layout not in ("nk", "kn"):
@@ -148,6 +171,7 @@ class GemmSpec:
         names = [i.name for i in self.inputs]
         if len(set(names)) != len(names):
             raise SpecError(f"epilogue input names repeat: {names}")
+        on_acc: list[bool] = []     # per op: does its value depend on the accumulator?
         for idx, op in enumerate(self.epilogue):
             where = f"epilogue op %v{idx} ({op.op})" + (f" at {op.line}" if op.line else "")
             if op.op not in EPILOGUE_OPS:
@@ -156,22 +180,38 @@ class GemmSpec:
             if len(op.args) != arity:
                 raise SpecError(f"{where}: takes {arity} operand(s), got {len(op.args)}")
             for r in op.args:
+                if not isinstance(r, Ref) or r.kind not in REF_KINDS:
+                    raise SpecError(f"{where}: bad operand {r!r}; use Ref.acc(), Ref.input(name), Ref.const(x) "
+                                    "or Ref.node(i)")
                 if r.kind == "input" and r.value not in names:
                     raise SpecError(f"{where}: reads unknown input {r.value!r}; declare it in `inputs`")
-                if r.kind == "node" and not (0 <= int(r.value) < idx):
-                    raise SpecError(f"{where}: reads %v{r.value}, which is not an earlier op")
-                if r.kind not in ("acc", "input", "const", "node"):
-                    raise SpecError(f"{where}: bad operand {r!r}")
+                if r.kind == "node" and not (_is_int(r.value) and 0 <= r.value < idx):
+                    raise SpecError(f"{where}: reads %v{r.value}, which is not an earlier op; use Ref.node(i) "
+                                    f"with 0 <= i < {idx}")
+                if r.kind == "const":
+                    _check_number(r.value, f"{where}: constant", "Ref.const(x)")
+            on_acc.append(any(r.kind == "acc" or (r.kind == "node" and on_acc[r.value]) for r in op.args))
             if op.op == "cast":
-                object.__setattr__(op, "attrs", tuple((k, as_dtype(v) if k == "dtype" else v) for k, v in op.attrs))
+                object.__setattr__(op, "attrs", tuple((k, as_dtype(v, OUTPUT_DTYPES) if k == "dtype" else v)
+                                                      for k, v in op.attrs))
                 if op.attr("dtype") not in OUTPUT_DTYPES:
                     raise SpecError(f"{where}: cast to {op.attr('dtype')}; use bf16, f16 or f32")
             if op.op == "clamp":
                 lo, hi = op.attr("min"), op.attr("max")
                 if lo is None and hi is None:
                     raise SpecError(f"{where}: clamp needs min=, max= or both")
+                for bound, value in (("min", lo), ("max", hi)):
+                    if value is not None:
+                        _check_number(value, f"{where}: clamp {bound}", f"{bound}=<float>")
                 if lo is not None and hi is not None and float(lo) > float(hi):
                     raise SpecError(f"{where}: clamp min {lo} > max {hi}")
+        # the kernel stores the last op's value: one that never reads the matmul result is not a GEMM epilogue
+        if self.epilogue and not on_acc[-1]:
+            last = self.epilogue[-1]
+            raise SpecError(f"the epilogue's result (%v{len(self.epilogue) - 1}, {last.op}"
+                            + (f" at {last.line}" if last.line else "") + ") does not depend on the accumulator; "
+                            "make the output a function of the matmul result (an op reading Ref.acc(), directly "
+                            "or through earlier ops)")
 
     # ---- derived facts -------------------------------------------------------------------
     @property

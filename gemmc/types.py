@@ -40,12 +40,16 @@ _ALIASES = {
 INPUT_DTYPES = (DType.bf16, DType.f16)
 ACC_DTYPES = (DType.f32, DType.f16)
 OUTPUT_DTYPES = (DType.bf16, DType.f16, DType.f32)
+# tensors the epilogue reads besides the accumulator (bias, residual, scale): loaded and widened to f32
+EPILOGUE_INPUT_DTYPES = (DType.bf16, DType.f16, DType.f32)
 
 ARCHS = ("sm_90a", "sm_80")
 
 
-def as_dtype(value) -> DType:
-    """Accept a DType, a name ("bf16", "fp16", ...) or a torch dtype."""
+def as_dtype(value, accepted: tuple[DType, ...] | None = None) -> DType:
+    """Accept a DType, a name ("bf16", "fp16", ...) or a torch dtype. `accepted`: the dtypes the caller's role
+    takes (e.g. INPUT_DTYPES), which an unknown name's error lists; by default every dtype a name resolves to.
+    Whether the dtype suits the role is the caller's check."""
     if isinstance(value, DType):
         return value
     name = str(value)
@@ -54,8 +58,9 @@ def as_dtype(value) -> DType:
     try:
         return _ALIASES[name]
     except KeyError:
-        known = ", ".join(sorted({d.value for d in DType}))
-        raise SpecError(f"unknown dtype {value!r}; use one of: {known}") from None
+        # only names that parse: i32 is a DType (runtime counters) but no name maps to it
+        names = accepted if accepted is not None else sorted(set(_ALIASES.values()), key=list(DType).index)
+        raise SpecError(f"unknown dtype {value!r}; use one of: {', '.join(d.value for d in names)}") from None
 
 
 def as_arch(value: str) -> str:

@@ -32,6 +32,12 @@ def epilogues(draw, inputs):
             lo, hi = sorted([draw(floats), draw(floats)])
             attrs = draw(st.sampled_from([(("min", lo),), (("max", hi),), (("min", lo), ("max", hi))]))
         ops.append(EpilogueOp(op, args, attrs))
+    # GemmSpec rejects an epilogue whose result never reads the accumulator: feed it in where it does not
+    on_acc = []
+    for op in ops:
+        on_acc.append(any(r.kind == "acc" or (r.kind == "node" and on_acc[r.value]) for r in op.args))
+    if ops and not on_acc[-1]:
+        ops.append(EpilogueOp("add", (Ref.node(len(ops) - 1), Ref.acc())))
     return tuple(ops)
 
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from gemmc import cli
+from gemmc import GemmSpec, cli
 from gemmc.passes import PIPELINE
 
 
@@ -15,7 +15,7 @@ def gemmc_cmd(capsys, *argv):
     return rc, out, err
 
 
-def test_compile_print_ir_after_all(capsys):
+def test_compile_print_ir_after_all(capsys, shipped_only):
     rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "4096", "--n", "4096", "--k", "4096", "--dtype", "bf16",
                            "--arch", "sm_90a", "--tile", "128x128x64", "--cluster", "2x1", "--mode", "pingpong",
                            "--print-ir-after-all")
@@ -48,17 +48,19 @@ def test_compile_heuristic_prints_the_final_ir(capsys):
 
 
 def test_compile_no_pdl_launches_plain(capsys):
-    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "64", "--n", "4096", "--k", "4096", "--split-k", "2", "--no-pdl")
+    kernel = ("--tile", "128x128x64", "--cluster", "1x1", "--mode", "cooperative", "--stages", "auto", "--raster", "m",
+              "--swizzle", "1", "--no-swap-ab", "--split-k", "2")
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "64", "--n", "4096", "--k", "4096", *kernel, "--no-pdl")
     assert rc == 0
     assert out.startswith("// schedule: 128x128x64_c1x1_coop_sauto_rm_sw1_k2_nopdl (sm_90a)\n")
     assert "kernel.tile_scheduler persistent true raster m swizzle 1 split_k 2 split_k_mode fixup\n" in out
-    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "64", "--n", "4096", "--k", "4096", "--split-k", "2")
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "64", "--n", "4096", "--k", "4096", *kernel)
     assert rc == 0 and "split_k_mode fixup pdl true pdl_early_ctas 82 pdl_full_ctas 118 pdl_prefetch_k_tiles 2\n" in out
 
 
-def test_compile_swap_ab_prints_the_swapped_schedule_and_ir(capsys):
+def test_compile_swap_ab_prints_the_swapped_schedule_and_ir(capsys, shipped_only):
     rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "16", "--n", "4096", "--k", "4096", "--tile", "64x16x128",
-                           "--mode", "pingpong", "--stages", "10", "--swap-ab")
+                           "--cluster", "1x1", "--mode", "pingpong", "--stages", "10", "--swap-ab")
     assert rc == 0
     assert out.startswith("// schedule: 64x16x128_c1x1_pp_s10_rm_sw1_k1_swap (sm_90a)\n")
     assert "swap_ab = true" in out and "st_global" in out
@@ -68,6 +70,79 @@ def test_compile_swap_ab_prints_the_swapped_schedule_and_ir(capsys):
     assert "kernel.copy c st_global box 1x1 swizzle 0 vector 2\n" in out
     rc, _, err = gemmc_cmd(capsys, "compile", "--m", "16", "--n", "4096", "--k", "4096", "--split-k", "8", "--swap-ab")
     assert rc != 0 and "swap_ab with split_k" in err and "at most 4" in err
+
+
+# ---- schedule flags edit the --schedule pick ---------------------------------------------------
+
+def test_schedule_flags_replace_fields_of_the_heuristic_pick(capsys):
+    from gemmc.heuristic import choose_schedule
+    pick = choose_schedule(GemmSpec(m=16, n=4096, k=4096), "sm_90a")
+    assert pick.short() == "64x8x128_c1x2_pp_s10_rm_sw1_k1_swap"     # README: the swapped decode pick at M = 16
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "16", "--n", "4096", "--k", "4096", "--schedule", "heuristic",
+                           "--no-pdl")
+    assert rc == 0
+    assert out.splitlines()[:2] == ["// schedule: 64x8x128_c1x2_pp_s10_rm_sw1_k1_nopdl_swap (sm_90a)",
+                                    f"// heuristic picked {pick.short()}; set by flags: pdl"]
+
+
+def test_schedule_flags_replace_fields_of_the_auto_pick(capsys, shipped_only):
+    from gemmc.compiler import choose_schedule
+    spec = GemmSpec(m=16, n=4096, k=4096)
+    pick = choose_schedule(spec, "auto", "sm_90a")
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "16", "--n", "4096", "--k", "4096", "--raster", "n")
+    assert rc == 0 and pick.raster == "m"
+    assert out.splitlines()[:2] == [f"// schedule: {pick.with_(raster='n').short()} (sm_90a)",
+                                    f"// auto picked {pick.short()}; set by flags: raster"]
+    # --swap-ab on a pick that is already swapped changes nothing; --no-swap-ab unswaps it
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "16", "--n", "4096", "--k", "4096", "--swap-ab")
+    assert rc == 0 and out.startswith(f"// schedule: {pick.short()} (sm_90a)\n")
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "16", "--n", "4096", "--k", "4096", "--no-swap-ab",
+                           "--tile", "64x64x128", "--stages", "auto")
+    unswapped = pick.with_(swap_ab=False, tile=(64, 64, 128), stages="auto")
+    assert "_swap" not in unswapped.short()
+    assert rc == 0 and out.startswith(f"// schedule: {unswapped.short()} (sm_90a)\n")
+
+
+def test_schedule_flags_with_a_symbolic_m_edit_the_heuristic_pick(capsys, shipped_only):
+    from gemmc.heuristic import choose_schedule
+    pick = choose_schedule(GemmSpec(m="M", n=4096, k=4096), "sm_90a")
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "M", "--n", "4096", "--k", "4096", "--no-pdl")
+    assert rc == 0
+    assert out.splitlines()[:2] == [f"// schedule: {pick.with_(pdl=False).short()} (sm_90a)",
+                                    f"// auto (the heuristic: M is symbolic) picked {pick.short()}; set by flags: pdl"]
+    assert "per runtime M" not in out        # one explicit schedule: no per-M table
+
+
+def test_a_field_the_flags_keep_can_break_the_edited_pick(capsys):
+    # the heuristic's M = 16 pick rings 10 stages; a 128x128x64 tile takes 6 at most
+    rc, out, err = gemmc_cmd(capsys, "compile", "--m", "16", "--n", "4096", "--k", "4096", "--schedule", "heuristic",
+                             "--tile", "128x128x64", "--mode", "cooperative", "--no-swap-ab")
+    assert rc == 1 and out == ""
+    assert "shared memory: got 345088 B (10 stages x 32768 B + 16384 B epilogue)" in err and "stages<=6" in err
+    assert ("(heuristic picked 64x8x128_c1x2_pp_s10_rm_sw1_k1_swap; set by flags: tile, mode, swap_ab; the other "
+            "fields keep the pick's values: set them too)") in err
+
+
+def test_compile_help_describes_the_flags(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["compile", "-h"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "any of these gives an explicit schedule" not in text
+    assert "target and schedule choice: --arch ARCH" in text
+    assert ("schedule fields (each replaces that field of the --schedule pick; the others keep the pick's "
+            "values)") in text
+    assert "with a symbolic M, auto's pick is then the heuristic's for the symbolic shape" in text
+    assert "every CTA takes an equal share" not in text
+    assert ("whole waves of tiles run data-parallel, and the tiles of the last partial wave and one full wave are "
+            "split into equal (tile, k-tile) shares per cluster") in text
+    assert "--pdl, --no-pdl" in text and "--swap-ab, --no-swap-ab" in text
+
+
+def test_unknown_dtype_lists_only_what_the_role_takes(capsys):
+    rc, _, err = gemmc_cmd(capsys, "compile", "--m", "64", "--n", "64", "--k", "64", "--dtype", "i32")
+    assert rc == 1 and err.strip() == "gemmc compile: error: unknown dtype 'i32'; use one of: bf16, f16"
+    rc, _, err = gemmc_cmd(capsys, "compile", "--m", "64", "--n", "64", "--k", "64", "--out-dtype", "i32")
+    assert rc == 1 and err.strip().endswith("use one of: bf16, f16, f32")
 
 
 def test_compile_emit_source(capsys):
@@ -95,8 +170,8 @@ def test_compile_bad_tile_syntax(capsys):
 
 @pytest.fixture
 def gemm_ir(tmp_path, capsys):
-    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "512", "--n", "512", "--k", "512", "--cluster", "1x2",
-                           "--print-ir-after", "input")
+    rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "512", "--n", "512", "--k", "512", "--tile", "128x128x64",
+                           "--cluster", "1x2", "--mode", "cooperative", "--stages", "auto", "--print-ir-after", "input")
     path = tmp_path / "gemm.mlir"
     path.write_text(out.split("//----- //\n", 1)[1])
     return path
@@ -126,6 +201,31 @@ def test_opt_reports_pass_errors(gemm_ir, tmp_path, capsys):
     bad.write_text(gemm_ir.read_text().replace("cluster = 1x2", "cluster = 8x4"))
     rc, _, err = gemmc_cmd(capsys, "opt", str(bad), "-p", "verify-resources")
     assert rc == 1 and "cluster size: got 32; at most 16 CTAs per cluster" in err
+
+
+def test_opt_refuses_what_it_cannot_read_without_a_traceback(gemm_ir, tmp_path, capsys):
+    rc, out, err = gemmc_cmd(capsys, "opt", str(tmp_path / "missing.mlir"), "-p", "verify-resources")
+    assert rc == 1 and out == "" and "Traceback" not in err
+    assert err.startswith(f"gemmc opt: error: cannot open {tmp_path / 'missing.mlir'}: No such file or directory")
+    rc, _, err = gemmc_cmd(capsys, "opt", str(gemm_ir), "-p", "nosuch")
+    assert rc == 1 and err.strip() == ("gemmc opt: error: Unrecognized passes: ['nosuch']; gemmc's passes are "
+                                       f"{', '.join(PIPELINE)} (-p takes them comma-separated)")
+
+
+def test_opt_refuses_hand_edited_ir(gemm_ir, tmp_path, capsys):
+    mixed = tmp_path / "mixed.mlir"        # B edited to f16 while A stays bf16
+    mixed.write_text(gemm_ir.read_text().replace("512 x 512 x bf16, nk", "512 x 512 x f16, nk"))
+    rc, _, err = gemmc_cmd(capsys, "opt", str(mixed), "-p", ",".join(PIPELINE))
+    assert rc == 1 and "gemm.matmul: A is bf16 but B is f16" in err and "Traceback" not in err
+    rc, lowered, _ = gemmc_cmd(capsys, "opt", str(gemm_ir), "-p", ",".join(PIPELINE[:-1]))
+    assert rc == 0 and "kernel.cluster 1x2\n" in lowered and "kernel.pipeline stages 6 " in lowered
+    for old, new, want in (("kernel.cluster 1x2", "kernel.cluster 1x4", "cluster (kernel.cluster): got 1x4"),
+                           ("kernel.pipeline stages 6 ", "kernel.pipeline stages 40 ",
+                            "shared memory (kernel.pipeline stages): got 1328128 B (40 stages x 32768 B")):
+        edited = tmp_path / "edited.mlir"
+        edited.write_text(lowered.replace(old, new))
+        rc, _, err = gemmc_cmd(capsys, "opt", str(edited), "-p", "verify-resources")
+        assert rc == 1 and want in err, err
 
 
 def test_subcommand_registry(monkeypatch):

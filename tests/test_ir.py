@@ -183,6 +183,32 @@ def test_gemm_verifier_errors(body, msg):
         parse_module(GEMM_HEAD + "  " + body + "\n}\n")
 
 
+@pytest.mark.parametrize("b_dtype", ["f16", "f32"])
+def test_a_and_b_must_share_their_element_type(b_dtype):
+    # hand-edited B: the passes read the problem's dtype from A alone, so the verifier must catch it
+    text = GEMM_HEAD.replace("N x K x bf16, nk", f"N x K x {b_dtype}, nk") + (
+        '  %out = gemm.matmul @g(%a, %b) acc f32 -> !gemmc.tensor<M x N x bf16, mn> epilogue {\n'
+        '  ^bb0(%acc: f32):\n    gemm.yield %acc\n  }\n}\n')
+    with pytest.raises(VerifyException, match=f"gemm.matmul: A is bf16 but B is {b_dtype}: .* give A and B the "
+                                              "same element type"):
+        parse_module(text)
+    with pytest.raises(VerifyException, match=f"kernel.gemm: A is bf16 but B is {b_dtype}"):
+        parse_module(lowered_text(GemmSpec(m=256, n=256, k=256), Schedule()).replace(
+            "256 x 256 x bf16, nk", f"256 x 256 x {b_dtype}, nk"))
+
+
+@pytest.mark.parametrize("op,msg", [
+    ('%c = gemm.const "inf"\n %0 = gemm.add %acc, %c', "gemm.const inf is not finite"),
+    ('%0 = gemm.clamp %acc min "nan"', "gemm.clamp: min nan is not finite"),
+    ('%0 = gemm.clamp %acc min 0.0 max "inf"', "gemm.clamp: max inf is not finite"),
+])
+def test_epilogue_constants_are_finite(op, msg):
+    # as GemmSpec and the DSL: `y * float('inf')` and clamp(y, min=nan) are refused everywhere
+    with pytest.raises(VerifyException, match=msg):
+        parse_module(GEMM_HEAD + '  %out = gemm.matmul @g(%a, %b) acc f32 -> !gemmc.tensor<M x N x bf16, mn> '
+                     f'epilogue {{\n^bb0(%acc: f32):\n {op}\n gemm.yield %0\n}}\n}}\n')
+
+
 def test_input_with_wrong_broadcast_shape():
     text = (GEMM_HEAD + '  %v = gemm.arg "v" : !gemmc.tensor<M x f32, row>\n'
             '  %out = gemm.matmul @g(%a, %b) inputs(%v) acc f32 -> !gemmc.tensor<M x N x bf16, mn> epilogue {\n'

@@ -234,6 +234,34 @@ def test_verify_resources_checks_hand_edited_kernel_facts():
     assert "register file (kernel.warpgroup)" in str(err.value)
 
 
+def test_verify_resources_recomputes_the_ring_from_the_written_stages():
+    # 128x256x64 bf16: a stage is (128 + 256) x 64 x 2 = 49152 B, the epilogue 2 x 128x32 x 2 = 16384 B; 4 fit
+    text = run(SQUARE, Schedule(tile=(128, 256, 64), cluster=(2, 1)))
+    assert "kernel.pipeline stages 4 barriers [full, empty] epi_stages 2 epi_tile 128x32 smem 214016" in text
+    with pytest.raises(ScheduleError) as err:     # the written smem still reads 214016: only the stages grew
+        run_text(text.replace("stages 4 barriers", "stages 40 barriers"), ["verify-resources"])
+    (v,) = err.value.violations
+    assert v.limit == "shared memory (kernel.pipeline stages)"
+    assert v.value == "1983488 B (40 stages x 49152 B + 16384 B epilogue)" and 40 * 49152 + 16384 + 1024 == 1983488
+    assert "at most 4 stages fit" in v.fix
+    # fewer stages fit, but the smem written no longer says what they take
+    with pytest.raises(ScheduleError, match=r"shared memory \(kernel.pipeline\): got smem 214016 B for 3 stages, "
+                                            r"which take 164864 B; write smem 164864"):
+        run_text(text.replace("stages 4 barriers", "stages 3 barriers"), ["verify-resources"])
+    run_text(text.replace("stages 4 barriers", "stages 3 barriers").replace("smem 214016", "smem 164864"),
+             ["verify-resources"])
+
+
+def test_verify_resources_checks_the_cluster_fact_against_the_schedule():
+    text = run(SQUARE, Schedule(tile=(128, 256, 64), cluster=(2, 1)))
+    # 4x1 is a legal cluster on its own, but the copies were laid out (and the grid sized) for 2x1
+    with pytest.raises(ScheduleError) as err:
+        run_text(text.replace("kernel.cluster 2x1", "kernel.cluster 4x1"), ["verify-resources"])
+    assert [str(v) for v in err.value.violations] == [
+        "cluster (kernel.cluster): got 4x1, but the schedule's is 2x1; write the schedule's cluster, or change the "
+        "schedule's and rerun tma-cluster-layout"]
+
+
 def run_text(text, names):
     module = parse_module(text)
     pass_pipeline(names).apply(make_context(), module)

@@ -58,6 +58,46 @@ def test_rejects_multicast_slices_that_are_not_8_row_multiples():
     assert not {"multicast slice of A", "multicast slice of B"} & limits(Schedule((128, 128, 64), (2, 2)))
 
 
+def test_each_broken_rule_is_reported_once():
+    # stages=1 breaks the stages rule only: the shared-memory bullet is for tiles whose ring cannot fit 2 stages
+    s = Schedule(stages=1)
+    assert max_stages(s, SPEC) == 6 and [str(v) for v in check_schedule(s, SPEC)] == [
+        "stages: got 1; use at least 2 (or 'auto')"]
+    # a 96 KiB stage beside 64 KiB of f32 epilogue staging (C and a full f32 input): one stage fits
+    residual = GemmSpec(m=4096, n=4096, k=4096, out_dtype="f32", inputs=(EpilogueInput("r", "full", "f32"),),
+                        epilogue=(EpilogueOp("add", (Ref.acc(), Ref.input("r"))),))
+    big = Schedule((128, 256, 128))
+    assert [str(v) for v in check_schedule(big, residual)] == [
+        "shared memory: got 1 A/B stage(s) of 98304 B fit in 232448 B; use a smaller tile (the ring needs 2 stages)"]
+    # an explicit ring gets the same fix: 'auto' would not help
+    assert [(v.limit, v.fix) for v in check_schedule(big.with_(stages=3), residual)] == [
+        ("shared memory", "use a smaller tile (the ring needs 2 stages)")]
+
+
+def test_multicast_slices_are_checked_only_where_an_operand_is_multicast():
+    # 100 rows break the cooperative tile rule; on a 1x1 cluster nothing is sliced, so no slice bullet
+    assert limits(Schedule((100, 128, 64))) == {"tile M (cooperative)"}
+    # 1x2 multicasts A in 50-row slices: now the slice rule fires, naming cluster N
+    (v,) = [v for v in check_schedule(Schedule((100, 128, 64), (1, 2)), SPEC) if v.limit.startswith("multicast")]
+    assert (v.limit, v.value) == ("multicast slice of A", "100/2") and "shrink cluster N" in v.fix
+
+
+def test_a_192_row_tile_names_the_settings_it_cannot_take():
+    (v,) = check_schedule(Schedule((192, 192, 64), swap_ab=True), SPEC)
+    assert (v.limit, v.value) == ("tile M 192", "swap_ab=True")
+    assert v.fix.endswith("use swap_ab=False, or a 128- or 256-row tile")
+    found = check_schedule(Schedule((192, 192, 64), split_k=2, swap_ab=True), SPEC)
+    (v,) = [v for v in found if v.limit == "tile M 192"]
+    assert v.value == "swap_ab=True, split_k=2" and "use swap_ab=False and split_k=1, or" in v.fix
+    assert str(v).startswith("tile M 192: got swap_ab=True, split_k=2; ")     # no raw (True, 2, False) tuple
+
+
+def test_stream_k_hint_describes_the_decomposition():
+    (v,) = check_schedule(Schedule(stream_k="yes"), SPEC)
+    assert v.limit == "stream_k" and "whole waves run data-parallel" in v.fix and "last partial wave" in v.fix
+    assert "k-iteration shares per CTA" not in v.fix
+
+
 def test_rejects_sm80_clusters_and_pingpong():
     assert "cluster" in limits(Schedule((128, 128, 32), (2, 1), arch="sm_80"))
     assert "mode" in limits(Schedule((128, 128, 32), mode="pingpong", arch="sm_80"))

@@ -180,7 +180,7 @@ def test_the_policy_learns_only_from_schedules_its_features_describe(tmp_path):
     assert set(ex.schedules) == {static, Schedule((128, 128, 64))}
 
 
-def test_compile_cli_takes_stream_k_and_refuses_it_with_split_k(capsys):
+def test_compile_cli_takes_stream_k_and_refuses_it_with_split_k(capsys, shipped_only):
     from gemmc import cli
     rc = cli.main(["compile", "--m", "1024", "--n", "4096", "--k", "4096", "--tile", "128x256x64", "--cluster", "2x1",
                    "--stream-k"])

@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, metavar="N", help="only the first N shapes")
     p.add_argument("--policy", default="heuristic",
                    help="heuristic | auto | a fixed schedule like 128x256x64_c2x1_coop|pp[_s4][_rn][_sw8][_k2]"
-                        "[_nopdl][_swap] (default heuristic)")
+                        "[_nopdl][_swap][_streamk] (default heuristic)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "f16"), help="input and output dtype (default bf16)")
     p.add_argument("--arch", default="sm_90a", help="target arch passed to gemmc.compile (default sm_90a)")
     p.add_argument("--repeats", type=int, default=10, help="timed units per side (default 10)")

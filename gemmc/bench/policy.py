@@ -6,7 +6,7 @@ Fixed schedules use the same tokens as `Schedule.short()`, joined by `_`, in any
     128x128x64_k2_nopdl             plain launches (no programmatic dependent launch)
 Tokens: `BMxBN[xBK]` tile (BK defaults to 64), `cMxN` cluster, `coop|cooperative|pp|pingpong`,
 `sN|sauto` stages, `rm|rn` raster, `swN` swizzle, `kN` split-K, `nopdl` (pdl off), `swap` (A and B
-swapped: the kernel computes out^T = b @ a^T; tile and cluster then read N first).
+swapped: the kernel computes out^T = b @ a^T; tile and cluster then read N first), `streamk` (stream-K).
 """
 from __future__ import annotations
 

@@ -236,6 +236,10 @@ class ClampOp(_UnaryOp):
         super().verify_()
         if self.min is None and self.max is None:
             raise VerifyException("gemm.clamp needs min, max or both")
+        for key in ("min", "max"):
+            bound = getattr(self, key)
+            if bound is not None and not math.isfinite(bound.data):
+                raise VerifyException(f"gemm.clamp: {key} {bound.data} is not finite; use a finite number")
         if self.min is not None and self.max is not None and self.min.data > self.max.data:
             raise VerifyException(f"gemm.clamp: min {self.min.data} > max {self.max.data}")
 
@@ -286,6 +290,11 @@ class ConstOp(_EpilogueValueOp):
 
     def __init__(self, value: float):
         super().__init__(properties={"value": FloatData(float(value))}, result_types=[f32])
+
+    def verify_(self) -> None:
+        super().verify_()
+        if not math.isfinite(self.value.data):   # as GemmSpec and the DSL: an epilogue constant is finite
+            raise VerifyException(f"gemm.const {self.value.data} is not finite; use a finite number")
 
     def print(self, printer: Printer) -> None:
         printer.print_string(" ")
@@ -368,6 +377,10 @@ class GemmSignature(IRDLOperation):
         om, on = out.dims[-2:]
         if ak != bk:
             raise VerifyException(f"{where}: A has K={ak} but B has K={bk}")
+        # one element type feeds the MMA (and spec_of reads it from A alone)
+        if a.dtype.data != b.dtype.data:
+            raise VerifyException(f"{where}: A is {a.dtype.data} but B is {b.dtype.data}: the tensor cores have no "
+                                  "mixed MMA; give A and B the same element type")
         if (am, bn) != (om, on):
             raise VerifyException(f"{where}: A x B is {am} x {bn} but the output is {om} x {on}")
         if not (a.batch == b.batch == out.batch):
