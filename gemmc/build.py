@@ -32,6 +32,7 @@ from typing import Optional
 from .backends import EmittedKernel, Param
 from .cache import Artifact, KernelCache, cache_key, default_cache, default_cache_dir, versions
 from .errors import BuildError
+from .runtime import is_batched
 from .types import DType
 
 _MODULES: dict[str, object] = {}
@@ -95,13 +96,14 @@ def alignment_elems(dtype: DType) -> int:
 
 def dim_divisibility(params) -> dict[str, int]:
     """Each named dim's divisibility hint: 16 B worth of elements if it is the contiguous dim of a matrix.
-    Epilogue vectors ((N,), (M,), or (L, N) / (L, M)) set none: a column vector must not force M to a
-    multiple of 4 or 8."""
+    Epilogue vectors ((N,), (M,), or in a batched kernel (L, N) / (L, M), whatever its batch dim is called
+    or however big) set none: a column vector must not force M to a multiple of 4 or 8."""
+    batched = is_batched(params)
     div: dict[str, int] = {}
     for p in params:
         if p.kind != "tensor":
             continue
-        if p.role == "input" and (len(p.shape) == 1 or (len(p.shape) == 2 and p.shape[0] == "L")):
+        if p.role == "input" and (len(p.shape) == 1 or (batched and len(p.shape) == 2)):
             continue
         for i, d in enumerate(p.shape):
             if isinstance(d, str):
@@ -111,13 +113,15 @@ def dim_divisibility(params) -> dict[str, int]:
 
 
 # Bumped whenever fake_arguments changes what it hands `cute.compile`: the .so changes with it.
-FAKE_ARGUMENTS_REVISION = 2
+# 3: batched kernels' vectors set no divisibility hint whatever the batch dim is called (was: only "L").
+FAKE_ARGUMENTS_REVISION = 3
 
 
 def _fake_extent(d, syms):
     """A named dim's shared symbol, or a static extent. A static extent of 1 is compiled as a fresh symbol:
     CuTe coalesces a static size-1 mode away, so the TMA copy drops to 1-D under a 2-D swizzled box, and
-    the kernel dies with an illegal instruction. The launcher still checks the static value."""
+    the kernel dies with an illegal instruction. The prologue then cannot check it, so the launcher's fast
+    path does (runtime.Launcher._unit_dims) before every launch."""
     import cutlass.cute as cute
 
     if isinstance(d, str):

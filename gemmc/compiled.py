@@ -17,10 +17,12 @@ from .cache import Artifact, KernelCache, default_cache
 
 class CompiledKernel:
     def __init__(self, emitted: EmittedKernel, *, material: Optional[str] = None,
-                 cache: Optional[KernelCache] = None, plan=None, spec=None, schedule=None):
+                 cache: Optional[KernelCache] = None, plan=None, spec=None, schedule=None, signature=None):
         """`material` is the key's identity (e.g. the lowered IR text); default: the emitted source.
-        `plan`, `spec`, `schedule` are kept for inspection only."""
+        `plan`, `spec`, `schedule` are kept for inspection only. `signature` (a runtime.CallSignature): the
+        arguments calls pass instead of the kernel's (a, b, *inputs), e.g. a @gemmc.kernel function's own."""
         self.emitted = emitted
+        self.signature = signature
         self.material = material
         self.plan = plan
         self.spec = spec
@@ -81,12 +83,14 @@ class CompiledKernel:
     def launcher(self):
         if self._launcher is None:
             from .runtime import launcher_from_artifact
-            self._launcher = launcher_from_artifact(self.build(), on_load_error=self._rebuild_after_load_error)
+            self._launcher = launcher_from_artifact(self.build(), on_load_error=self._rebuild_after_load_error,
+                                                    signature=self.signature)
         return self._launcher
 
     def __call__(self, *args, out=None, **named):
         return self.launcher(*args, out=out, **named)
 
     def __repr__(self) -> str:
-        names = ", ".join(p.name for p in self.emitted.params)
+        names = (self.signature.usage if self.signature is not None
+                 else ", ".join(p.name for p in self.emitted.params))
         return f"<gemmc.CompiledKernel {self.emitted.entry}({names}) arch={self.emitted.arch}>"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Optional, Union
 
-from .errors import SpecError
+from .errors import LaunchError, SpecError
 from .ir import make_context, print_module
 from .ir.build import spec_to_module
 from .ir.extract import plan_from_module
@@ -75,11 +75,20 @@ def lower(spec: GemmSpec, schedule: Schedule, arch: Optional[str] = None) -> tup
 
 
 class CompiledGemm:
-    """The result of `gemmc.compile`: IR after each pass, the KernelPlan, and (lazily) the kernel."""
+    """The result of `gemmc.compile`: IR after each pass, the KernelPlan, and (lazily) the kernel.
+
+    Calls take (a, b, *spec.inputs), or, compiled from a @gemmc.kernel function, that function's own
+    parameters (`signature`, a runtime.CallSignature): its order, its names, its defaults."""
 
     def __init__(self, spec: GemmSpec, schedule: Schedule, input_ir: str, ir_after: dict[str, str],
-                 plan: KernelPlan, emit: str = "kernel"):
+                 plan: KernelPlan, emit: str = "kernel", signature=None):
         self.spec = spec
+        self.signature = signature
+        # where a call's A operand is, for the per-M choice: (position, name)
+        self._a_arg = (0, "a")
+        if signature is not None:
+            a_name = dict(signature.operands)["a"]
+            self._a_arg = (signature.position(a_name), a_name)
         self.schedule = schedule
         self.arch = schedule.arch
         self.passes: tuple[str, ...] = tuple(ir_after)
@@ -118,7 +127,14 @@ class CompiledGemm:
         """The backend kernel (gemmc.compiled.CompiledKernel), keyed in the cache by the final kernel IR."""
         from .compiled import CompiledKernel
         return CompiledKernel(self.emitted, material=self._ir_after[self.passes[-1]], plan=self.plan,
-                              spec=self.spec, schedule=self.schedule)
+                              spec=self.spec, schedule=self.schedule, signature=self.signature)
+
+    @functools.cached_property
+    def cublas_route(self):
+        """The route `auto` takes where cuBLAS won: torch.matmul behind the kernel's own argument checks
+        (`CublasRoute`)."""
+        self._need_kernel("calling the kernel")
+        return CublasRoute(self.spec, self.emitted.params, name=self.emitted.entry, signature=self.signature)
 
     @property
     def source(self) -> str:
@@ -149,14 +165,16 @@ class CompiledGemm:
     def __call__(self, *args, **kwargs):
         self._need_kernel("calling the kernel")     # also where "auto" would run torch.matmul: one rule
         if self.m_buckets is not None:          # symbolic M under "auto": the choice follows the runtime M
-            m = runtime_m(self.spec, args, kwargs)
+            position, name = self._a_arg
+            a = args[position] if len(args) > position else kwargs.get(name)
+            m = runtime_m(self.spec, (a,), {})
             if m is not None and m >= 1:        # an empty A (M = 0) has no bucket: the default path takes it
                 decision, kernel = self.m_buckets.route(m)
                 if kernel is None:
-                    return _cublas_call(self.spec, *args, **kwargs)
+                    return self.cublas_route(*args, **kwargs)
                 return kernel.launcher(*args, **kwargs)     # the bucket's kernel (may be this one)
         if self.decision is not None and self.decision.use_cublas:
-            return _cublas_call(self.spec, *args, **kwargs)
+            return self.cublas_route(*args, **kwargs)
         return self.launcher(*args, **kwargs)
 
     def for_m(self, m: int):
@@ -167,14 +185,50 @@ class CompiledGemm:
         return self.m_buckets.route(m)
 
 
-def _cublas_call(spec: GemmSpec, a, b, out=None):
-    """torch.matmul for a plain GEMM (no epilogue) where `auto` chose cuBLAS (gemmc/dispatch.py)."""
-    import torch
-    a_mk = a if spec.a_layout == "mk" else a.transpose(-2, -1)
-    b_kn = b.transpose(-2, -1) if spec.b_layout == "nk" else b
-    if out is None:
-        return torch.matmul(a_mk, b_kn)
-    return torch.matmul(a_mk, b_kn, out=out)
+class CublasRoute:
+    """torch.matmul for a plain GEMM (no epilogue) where `auto` chose cuBLAS (gemmc/dispatch.py), behind the
+    kernel's own argument checks: `params` are the kernel's (its EmittedKernel's) and runtime.python_prologue
+    checks them as the kernel's compiled prologue does, so a call passes or fails alike on either route
+    (whatever M bucket it falls in), with the validator's LaunchError, and `out=` receives the result in place.
+    The checks cost a few microseconds (it is timed against torch.matmul): the messages are built only
+    when they fail. `device_type="cpu"` is for the tests."""
+
+    def __init__(self, spec: GemmSpec, params, *, name: str = "gemm", signature=None, device_type: str = "cuda"):
+        import torch
+        from .runtime import Launcher, python_prologue
+        if spec.has_epilogue:
+            raise SpecError(f"{spec.name} has an epilogue or an output cast, which torch.matmul cannot run; "
+                            "compile it with a gemmc schedule")
+        self.spec = spec
+        tensors = tuple(p for p in params if p.kind == "tensor")     # no split-K scratch: cuBLAS needs none
+        roles = [p.role for p in tensors]
+        if roles != ["a", "b", "out"]:
+            raise SpecError(f"{spec.name}: the cuBLAS route takes the params a, b, out in that order, got {roles}")
+        self._check = check = python_prologue(tensors, device_type)
+        self._a_km, self._b_nk = a_km, b_nk = spec.a_layout == "km", spec.b_layout == "nk"
+        self._torch_matmul = torch.matmul
+
+        def matmul(a, b, out):      # the launcher's function (kernel order), for launcher(...) calls
+            check(a, b, out)
+            torch.matmul(a.mT if a_km else a, b.mT if b_nk else b, out=out)
+
+        # binds the caller's arguments and, when the checks fail, says what is wrong (the validator)
+        self.launcher = Launcher(tensors, function=matmul, name=name, device_type=device_type,
+                                 signature=signature)
+        self._a_first = self.launcher.signature.names[0] == self.launcher.params[0].name
+
+    def __call__(self, *args, out=None, **named):
+        if named or len(args) != 2:
+            args = self.launcher.signature.bind(args, named)
+        a, b = args if self._a_first else (args[1], args[0])
+        try:
+            self._check(a, b, out)
+        except (TypeError, ValueError) as e:
+            self.launcher.validate(*args, out=out)      # raises the LaunchError that says what to change
+            raise LaunchError(f"{self.launcher.name}: the cuBLAS route rejected its arguments: {e}") from e
+        a = a.mT if self._a_km else a
+        b = b.mT if self._b_nk else b
+        return self._torch_matmul(a, b) if out is None else self._torch_matmul(a, b, out=out)
 
 
 def compile(spec_or_kernel, schedule: Union[str, Schedule, dict] = "auto", arch: Optional[str] = None,
@@ -185,14 +239,16 @@ def compile(spec_or_kernel, schedule: Union[str, Schedule, dict] = "auto", arch:
     if emit not in EMITS:
         raise SpecError(f"emit={emit!r}; use one of {EMITS}")
     spec = as_spec(spec_or_kernel)
+    # a @gemmc.kernel function's calls take its own parameters (gemmc.dsl.Kernel.call_signature)
+    signature = getattr(spec_or_kernel, "call_signature", None) if spec_or_kernel is not spec else None
     decision = auto_decision(spec, arch or "sm_90a") if schedule == "auto" else None
     chosen = decision.schedule if decision is not None else choose_schedule(spec, schedule, arch)
     require_valid(chosen, spec)
     input_ir = print_module(spec_to_module(spec, chosen))
     ir_after, plan = lower(spec, chosen)
-    k = CompiledGemm(spec, chosen, input_ir, ir_after, plan, emit)
+    k = CompiledGemm(spec, chosen, input_ir, ir_after, plan, emit, signature=signature)
     k.decision = decision       # where "auto" got the schedule, and whether cuBLAS is faster here
     if decision is not None and not isinstance(spec.m, int):
         k.m_buckets = MBuckets(spec, chosen.arch, chosen, k,
-                               lambda s: compile(spec, schedule=s, arch=chosen.arch, emit=emit))
+                               lambda s: compile(spec_or_kernel, schedule=s, arch=chosen.arch, emit=emit))
     return k

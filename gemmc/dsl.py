@@ -45,7 +45,7 @@ from typing import Union
 
 from .errors import SpecError, TraceError
 from .spec import Dim, EpilogueInput, EpilogueOp, GemmSpec, Ref
-from .types import ACC_DTYPES, INPUT_DTYPES, OUTPUT_DTYPES, DType, as_dtype
+from .types import ACC_DTYPES, INPUT_DTYPES, OUTPUT_DTYPES, DType, as_arch, as_dtype
 
 _THIS_FILE = os.path.normcase(os.path.abspath(__file__))
 _RESERVED_NAMES = ("a", "b", "out", "acc")
@@ -94,10 +94,24 @@ class Scalar:
 
 # ---- source locations -----------------------------------------------------------------------
 
+_GEMMC_DIR = os.path.dirname(_THIS_FILE) + os.sep
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_library_file(filename: str) -> bool:
+    """Is `filename` gemmc's or torch's (which calls __torch_function__ from torch/overrides.py), not the
+    user's code? Errors point at the innermost frame that is not."""
+    path = os.path.normcase(os.path.abspath(filename))
+    torch = sys.modules.get("torch")
+    torch_file = getattr(torch, "__file__", None)
+    return path.startswith(_GEMMC_DIR) or (
+        torch_file is not None and path.startswith(os.path.normcase(os.path.dirname(torch_file)) + os.sep))
+
+
 def _user_frame():
-    """The innermost frame outside this module: the user's expression being traced."""
+    """The innermost frame outside gemmc and torch: the user's expression being traced."""
     f = sys._getframe(1)
-    while f is not None and os.path.normcase(os.path.abspath(f.f_code.co_filename)) == _THIS_FILE:
+    while f is not None and _is_library_file(f.f_code.co_filename):
         f = f.f_back
     return f
 
@@ -613,8 +627,7 @@ def trace(fn, acc_dtype=DType.f32, name: str | None = None):
     except TraceError:
         raise
     except Exception as e:  # e.g. a TypeError inside the user's code: point at the user's line
-        frames = [f for f in traceback.extract_tb(e.__traceback__)
-                  if os.path.normcase(os.path.abspath(f.filename)) != _THIS_FILE]
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if not _is_library_file(f.filename)]
         where = _loc(frames[-1].filename, frames[-1].lineno) if frames else "<unknown>"
         raise _error(where, f"{type(e).__name__} while tracing {fn.__name__}: {e}") from e
     ret_where = _loc(fn.__code__.co_filename, ret_line if ret_line is not None else fn.__code__.co_firstlineno)
@@ -626,6 +639,10 @@ def _finish(tracer: _Tracer, fn, result, ret_where: str, name: str):
     if mm is None:
         raise _error(ret_where, f"{fn.__name__} has no matmul: a gemmc kernel computes exactly one `a @ b` "
                      "(or a @ b.T / a.T @ b) followed by elementwise ops")
+    for operand in (mm.a, mm.b):
+        if operand == "out":
+            raise _error(tracer.param_lines[operand], "matmul operand named 'out': calls pass the output buffer "
+                         "as out=; rename the parameter")
     if not isinstance(result, Value):
         raise _error(ret_where, f"{fn.__name__} returns {type(result).__name__} {result!r}: return the matmul "
                      "result (after any elementwise ops)")
@@ -735,37 +752,57 @@ def _input_kind(tracer: _Tracer, pname: str, shape: tuple, where: str) -> str:
 # ---- the kernel object ----------------------------------------------------------------------
 
 class Kernel:
-    """A traced GEMM: `k.spec` is its GemmSpec; calling `k(...)` compiles it (schedule="auto") once and runs it."""
+    """A traced GEMM: `k.spec` is its GemmSpec; calling `k(...)` compiles it (schedule="auto", for `arch`, else
+    the visible GPU's) once and runs it. Calls, and `gemmc.compile(k)`'s, take the function's own parameters:
+    its order, its names, its defaults, plus `out=`."""
 
-    def __init__(self, fn, *, acc_dtype=DType.f32, name: str | None = None):
+    def __init__(self, fn, *, acc_dtype=DType.f32, name: str | None = None, arch: str | None = None):
         self.fn = fn
         functools.update_wrapper(self, fn)
         self.spec, self.operands, self.params = trace(fn, acc_dtype=acc_dtype, name=name)
+        self.arch = as_arch(arch) if arch is not None else None
         self._signature = inspect.signature(fn)
         self._compiled = None
 
     def __repr__(self) -> str:
         return f"<gemmc.Kernel {self.spec.name}: {self.spec}>"
 
+    @functools.cached_property
+    def call_signature(self):
+        """How calls pass this kernel's arguments (a gemmc.runtime.CallSignature): the function's parameters in
+        its order, the operands by their names, its defaults, and vectors declared (M, 1) / (1, N)."""
+        from .runtime import CallSignature
+        declared_vectors = {i.name for i in self.spec.inputs if i.kind in ("row", "col")}
+        annotations = _annotations(self.fn).parameters
+        return CallSignature(
+            self.fn.__name__, self.params,
+            operands=(("a", self.operands["a"]), ("b", self.operands["b"])),
+            defaults=tuple((p.name, p.default) for p in self._signature.parameters.values()
+                           if p.default is not inspect.Parameter.empty),
+            declared=tuple((n, annotations[n].annotation.shape) for n in self.params
+                           if n in declared_vectors and len(annotations[n].annotation.shape) > 1))
+
     def launch_args(self, *args, **kwargs) -> tuple:
-        """The call's arguments reordered as the compiled kernel takes them: (a, b, *spec.inputs)."""
-        bound = self._signature.bind(*args, **kwargs)
-        a = bound.arguments[self.operands["a"]]
-        b = bound.arguments[self.operands["b"]]
-        return (a, b) + tuple(bound.arguments[i.name] for i in self.spec.inputs)
+        """The call's arguments reordered as the kernel compiled from `self.spec` takes them:
+        (a, b, *spec.inputs). Defaults fill what is left out; arguments that do not bind raise LaunchError."""
+        bound = dict(zip(self.params, self.call_signature.bind(args, kwargs)))
+        return (bound[self.operands["a"]], bound[self.operands["b"]]) + tuple(bound[i.name] for i in self.spec.inputs)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args, out=None, **kwargs):
         if self._compiled is None:
+            self.call_signature.bind(args, kwargs)      # a call that cannot bind fails before the compile step
             from . import compiler
-            self._compiled = compiler.compile(self.spec, schedule="auto")
-        return self._compiled(*self.launch_args(*args, **kwargs))
+            from .runtime import visible_arch
+            self._compiled = compiler.compile(self, schedule="auto", arch=self.arch or visible_arch())
+        return self._compiled(*args, out=out, **kwargs)
 
 
-def kernel(fn=None, *, acc_dtype=DType.f32, name: str | None = None):
-    """`@gemmc.kernel` or `@gemmc.kernel(acc_dtype=gemmc.f16, name="...")`: trace fn into a `Kernel`."""
+def kernel(fn=None, *, acc_dtype=DType.f32, name: str | None = None, arch: str | None = None):
+    """`@gemmc.kernel` or `@gemmc.kernel(acc_dtype=gemmc.f16, name="...", arch="sm_80")`: trace fn into a
+    `Kernel`. `arch` is what calling it compiles for (default: the visible GPU's, else sm_90a)."""
     if fn is None:
-        return lambda f: Kernel(f, acc_dtype=acc_dtype, name=name)
+        return lambda f: Kernel(f, acc_dtype=acc_dtype, name=name, arch=arch)
     if not callable(fn):
         raise TraceError(f"gemmc.kernel expects a function, got {fn!r}; use keywords for options: "
                          "@gemmc.kernel(acc_dtype=gemmc.f16)")
-    return Kernel(fn, acc_dtype=acc_dtype, name=name)
+    return Kernel(fn, acc_dtype=acc_dtype, name=name, arch=arch)

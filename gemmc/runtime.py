@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import operator
 import os
 import threading
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -97,15 +99,26 @@ def param_from_dict(d: dict) -> Param:
 
 # -- validation plan (precomputed once per kernel) ---------------------------------------------------
 
+def _unit_dims(shape) -> tuple[int, ...]:
+    """The dims of `shape` declared as a static 1."""
+    return tuple(d for d, v in enumerate(shape) if not isinstance(v, str) and v == 1)
+
+
+def is_batched(params: Sequence[Param]) -> bool:
+    """Does the kernel carry a batch dim (a rank-3 output), whatever the dim is called or however big?"""
+    return any(p.kind == "tensor" and p.role == "out" and len(p.shape) == 3 for p in params)
+
+
 class _TensorCheck:
     """Everything needed to check one tensor argument, computed once."""
     __slots__ = ("name", "index", "torch_dtype", "dtype", "rank", "contig", "static", "named",
-                 "align_elems", "shape_text", "sym_dims", "vector")
+                 "align_elems", "shape_text", "sym_dims", "vector", "is_out")
 
-    def __init__(self, p: Param, index: int):
+    def __init__(self, p: Param, index: int, batched: bool = False):
         import torch
         self.name = p.name
         self.index = index
+        self.is_out = p.role == "out"
         self.dtype = p.dtype
         self.torch_dtype = {DType.bf16: torch.bfloat16, DType.f16: torch.float16,
                             DType.f32: torch.float32}.get(p.dtype)
@@ -118,8 +131,9 @@ class _TensorCheck:
         self.sym_dims = tuple(i for i, _ in self.named)
         self.align_elems = max(1, _ALIGN_BYTES // p.dtype.bytes)
         self.shape_text = "(" + ", ".join(str(d) for d in p.shape) + ")"
-        # epilogue vectors are read element-wise: their length need not be a multiple of 16 bytes
-        self.vector = p.role == "input" and (self.rank == 1 or (self.rank == 2 and p.shape[0] == "L"))
+        # epilogue vectors ((N,), (M,); (L, N), (L, M) in a batched kernel, whatever its batch dim) are read
+        # element-wise: their length need not be a multiple of 16 bytes
+        self.vector = p.role == "input" and (self.rank == 1 or (batched and self.rank == 2))
 
 
 _WORKSPACE_STREAMS_KEPT = 4
@@ -308,11 +322,134 @@ def _dtype_name(torch_dtype) -> str:
     return str(torch_dtype).replace("torch.", "")
 
 
+_MISSING = object()
+
+
+class CallSignature:
+    """The arguments a caller passes, in order and by name, and how they bind: too many, unknown, repeated
+    or missing ones raise a LaunchError naming the parameters; trailing parameters with defaults may be left
+    out. A Launcher built with one takes these arguments instead of the kernel's (a, b, *inputs): a
+    @gemmc.kernel function's own (gemmc.dsl.Kernel.call_signature).
+
+    `names`: the caller's parameter names, in call order. `operands`: (kernel param, caller's name) pairs for
+    the params the caller names otherwise, e.g. (("a", "x"), ("b", "w")). `defaults`: (name, value) pairs.
+    `declared`: (name, declared shape) of vectors declared with unit dims, e.g. ("c", ("M", 1)): the caller
+    passes that shape and the kernel gets a view without the unit dims.
+    """
+
+    def __init__(self, name: str, names: Sequence[str], *, operands: Sequence[tuple[str, str]] = (),
+                 defaults: Sequence[tuple[str, Any]] = (), declared: Sequence[tuple[str, tuple]] = ()):
+        self.name = name
+        self.names = tuple(names)
+        self.operands = tuple(operands)
+        self.defaults = dict(defaults)
+        self.declared = tuple(declared)
+        self.usage = ", ".join(self.names)
+        self._position = {n: j for j, n in enumerate(self.names)}
+        unknown = [n for n in (*self.defaults, *(d for d, _ in self.declared)) if n not in self._position]
+        if unknown:
+            raise LaunchError(f"{name}: defaults or declared shapes for {unknown}, which are not among its "
+                              f"arguments ({self.usage})")
+
+    def __repr__(self) -> str:
+        return f"<gemmc.CallSignature {self.name}({self.usage})>"
+
+    def position(self, name: str) -> int:
+        return self._position[name]
+
+    def bind(self, args: Sequence, named: dict) -> tuple:
+        """The call's arguments in `names` order, defaults filled in; LaunchError if they do not bind."""
+        n = len(self.names)
+        if len(args) == n and not named:
+            return tuple(args)
+        if len(args) > n:
+            raise LaunchError(f"{self.name} takes {n} arguments ({self.usage}), got {len(args)} positional")
+        values = list(args) + [_MISSING] * (n - len(args))
+        for key, v in named.items():
+            j = self._position.get(key)
+            if j is None:
+                raise LaunchError(f"{self.name} has no argument {key!r}; its arguments are: {self.usage} "
+                                  "(and out=)")
+            if values[j] is not _MISSING:
+                raise LaunchError(f"{self.name}: argument {key!r} given twice (positionally and by name)")
+            values[j] = v
+        for j, v in enumerate(values):
+            if v is _MISSING:
+                name = self.names[j]
+                if name not in self.defaults:
+                    raise LaunchError(f"{self.name}: missing argument {name!r}; call it as {self.name}({self.usage})")
+                values[j] = self.defaults[name]
+        return tuple(values)
+
+
+def python_prologue(params: Sequence[Param], device_type: str = "cuda") -> Callable:
+    """What a compiled function's TVM-FFI prologue checks before it launches (type, device, dtype, rank, static
+    dims, one extent per named dim, the stride-1 dim, 16-byte strides and data pointer), in Python: for a
+    function with no prologue of its own (the cuBLAS route, gemmc.compiler.CublasRoute). Call it with the
+    values in param order; an output given as None (to be allocated) is skipped. It raises TypeError /
+    ValueError as the prologue does, so the Launcher's validator can then say what to change; the rules are
+    the validator's (Launcher._check_tensor), without building messages on the way."""
+    import torch
+    batched = is_batched(params)
+    checks = []
+    for i, p in enumerate(params):
+        if p.kind != "tensor":
+            continue
+        c = _TensorCheck(p, i, batched)
+        static_shape = tuple(p.shape) if not c.named else None     # all static: one comparison
+        loose_extent = c.contig in c.sym_dims and not c.vector      # its extent must be 16-byte aligned
+        checks.append((c, static_shape, loose_extent, tuple(d for d in range(c.rank) if d != c.contig)))
+    checks = tuple(checks)
+    tensor_type = torch.Tensor
+    on_device = operator.attrgetter(f"is_{device_type}")       # t.device.type costs ~0.5 us
+
+    def prologue(*values):
+        device = None
+        sizes: dict = {}
+        for c, static_shape, loose_extent, strided in checks:
+            t = values[c.index]
+            if t is None and c.is_out:
+                continue
+            if not isinstance(t, tensor_type) or t.dtype is not c.torch_dtype or t.dim() != c.rank:
+                raise TypeError(f"argument #{c.index} ({c.name}): expected a {c.dtype} tensor of shape "
+                                f"{c.shape_text}")
+            if device is None:
+                device = t.device
+                if not on_device(t):
+                    raise ValueError(f"argument #{c.index} ({c.name}): expected a {device_type} tensor")
+            elif t.device != device:
+                raise ValueError(f"argument #{c.index} ({c.name}): on another device than the others")
+            shape = t.shape
+            if static_shape is not None:
+                if shape != static_shape:
+                    raise ValueError(f"argument #{c.index} ({c.name}): expected shape {c.shape_text}")
+            else:
+                for d, v in c.static:
+                    if shape[d] != v:
+                        raise ValueError(f"argument #{c.index} ({c.name}): shape[{d}] must be {v}")
+                for d, dim in c.named:
+                    if sizes.setdefault(dim, shape[d]) != shape[d]:
+                        raise ValueError(f"argument #{c.index} ({c.name}): {dim} disagrees with the other "
+                                         "arguments")
+            stride = t.stride()
+            k, a = c.contig, c.align_elems
+            if (stride[k] != 1 and shape[k] != 1) or (loose_extent and shape[k] % a) or t.data_ptr() % _ALIGN_BYTES:
+                raise ValueError(f"argument #{c.index} ({c.name}): strides {stride} or data pointer not aligned")
+            for d in strided:
+                if stride[d] % a:
+                    raise ValueError(f"argument #{c.index} ({c.name}): stride({d}) = {stride[d]} is not "
+                                     f"{_ALIGN_BYTES}-byte aligned")
+
+    return prologue
+
+
 class Launcher:
     """Call a compiled kernel with torch tensors: `launcher(*inputs, out=None, **named)`.
 
     Positional arguments fill, in order, the kernel's tensor params other than the output and the
     scalars; any of them may be passed by name instead. The output is allocated unless `out=` is given.
+    With `signature` (a CallSignature), the arguments are the caller's own instead, in its order and by its
+    names (a @gemmc.kernel function's parameters), and messages name them.
     `function` is the TVM-FFI callable; alternatively `so_path` + `function_name` load it lazily.
     `device_type` is "cuda"; the CPU tests pass "cpu" to exercise the other checks without a GPU.
     `always_validate` (or GEMMC_VALIDATE=1) runs the Python validator on every call instead of only
@@ -324,9 +461,13 @@ class Launcher:
                  runtime_flavor: str = "", so_sha256: Optional[str] = None,
                  name: str = "kernel", device_type: str = "cuda",
                  on_load_error: Optional[Callable[[Exception], Callable]] = None,
-                 always_validate: Optional[bool] = None):
+                 always_validate: Optional[bool] = None, signature: Optional[CallSignature] = None):
         if function is None and so_path is None:
             raise ValueError("Launcher needs a function or a so_path")
+        if signature is not None:       # messages name the caller's parameters: x and w, not a and b
+            renamed = dict(signature.operands)
+            params = [replace(p, name=renamed[p.name]) if p.name in renamed else p for p in params]
+            name = signature.name
         self.params = tuple(params)
         self.name = name
         self.device_type = device_type
@@ -341,17 +482,24 @@ class Launcher:
         if len(outs) != 1:
             raise LaunchError(f"{name}: expected exactly one tensor param with role 'out', found {len(outs)}")
         self._out_index = outs[0]
-        self._user = tuple(i for i, p in enumerate(self.params)
-                           if (p.kind == "tensor" and i != self._out_index) or p.kind == "scalar")
-        self._by_name = {self.params[i].name: i for i in self._user}
-        self._tensor_checks = tuple(_TensorCheck(p, i) for i, p in enumerate(self.params)
+        user = [i for i, p in enumerate(self.params)
+                if (p.kind == "tensor" and i != self._out_index) or p.kind == "scalar"]
+        if signature is None:
+            signature = CallSignature(name, [self.params[i].name for i in user])
+        by_name = {self.params[i].name: i for i in user}
+        if sorted(signature.names) != sorted(by_name):
+            raise LaunchError(f"{name}: the call signature ({signature.usage}) does not name the kernel's "
+                              f"arguments ({', '.join(by_name)})")
+        self.signature = signature
+        self._user = tuple(by_name[n] for n in signature.names)     # kernel param index per call position
+        batched = is_batched(self.params)
+        self._tensor_checks = tuple(_TensorCheck(p, i, batched) for i, p in enumerate(self.params)
                                     if p.kind == "tensor" and i != self._out_index)
-        self._out_check = _TensorCheck(self.params[self._out_index], self._out_index)
+        self._out_check = _TensorCheck(self.params[self._out_index], self._out_index, batched)
         self._scalars = tuple(i for i, p in enumerate(self.params) if p.kind == "scalar")
         self._workspaces = tuple(
             (i, compile(p.workspace_elems or "0", f"<{p.name}.workspace_elems>", "eval"))
             for i, p in enumerate(self.params) if p.kind in ("workspace", "semaphore"))
-        self._usage = ", ".join(self.params[i].name for i in self._user)
         # fast path: where each named dim is read from (user arg position, dim), and a value template
         self._n_user = len(self._user)
         self._dim_sources = []
@@ -365,14 +513,24 @@ class Launcher:
                     seen.add(dim)
                     self._dim_sources.append((dim, j, d))
         self._dim_sources = tuple(self._dim_sources)
+        # Static extents of 1 are compiled as free symbols (gemmc.build._fake_extent), so the prologue cannot
+        # check them: the fast path does, (call position, dim) and the output's dims.
+        self._unit_dims = tuple((j, d) for j, i in enumerate(self._user) if self.params[i].kind == "tensor"
+                                for d in _unit_dims(self.params[i].shape))
+        self._out_unit_dims = _unit_dims(self.params[self._out_index].shape)
         firsts = [j for j, i in enumerate(self._user) if self.params[i].kind == "tensor"]
         self._first_tensor = firsts[0] if firsts else 0
         self._template = [None] * len(self.params)
-        # Batched kernels take per-batch vectors (L, N) / (L, M); a vector without L is shared by every
-        # batch, so it is passed as a stride-0 expansion rather than copied.
+        # Vectors declared with unit dims ((M, 1), (1, N)) reach the kernel as views without them.
+        self._unit_vectors = tuple(
+            (signature.position(n), _unit_dims(shape), len(shape), "(" + ", ".join(str(v) for v in shape) + ")")
+            for n, shape in signature.declared)
+        # Batched kernels take per-batch vectors (L, N) / (L, M), whatever the batch dim is called or however
+        # big it is; a vector without it is shared by every batch, so it is passed as a stride-0 expansion
+        # rather than copied.
         self._batch_vectors = tuple(j for j, i in enumerate(self._user)
-                                    if self.params[i].role == "input" and len(self.params[i].shape) == 2
-                                    and self.params[i].shape[0] == "L")
+                                    if batched and self.params[i].role == "input" and len(self.params[i].shape) == 2)
+        self._reshapes = bool(self._unit_vectors or self._batch_vectors)
         if always_validate is None:
             always_validate = os.environ.get("GEMMC_VALIDATE", "") not in ("", "0")
         self.always_validate = always_validate
@@ -392,43 +550,51 @@ class Launcher:
         return fn
 
     # -- argument binding --
-    def _bind(self, args: tuple, named: dict) -> list:
-        values: list = [None] * len(self.params)
-        if len(args) > len(self._user):
-            raise LaunchError(f"{self.name} takes {len(self._user)} arguments ({self._usage}), "
-                              f"got {len(args)} positional")
-        for i, a in zip(self._user, args):
-            values[i] = a
-        for key, a in named.items():
-            i = self._by_name.get(key)
-            if i is None:
-                raise LaunchError(f"{self.name} has no argument {key!r}; its arguments are: {self._usage} "
-                                  "(and out=)")
-            if values[i] is not None:
-                raise LaunchError(f"{self.name}: argument {key!r} given twice (positionally and by name)")
-            values[i] = a
-        for i in self._user:
-            if values[i] is None:
-                raise LaunchError(f"{self.name}: missing argument {self.params[i].name!r}; "
-                                  f"call it as {self.name}({self._usage})")
-        return values
+    def _arguments(self, args: tuple, named: dict) -> tuple:
+        """The call's arguments in call order: bound (LaunchError if they do not bind), vectors reshaped."""
+        if named or len(args) != self._n_user:
+            args = self.signature.bind(args, named)
+        return self._reshaped(args) if self._reshapes else args
+
+    def _reshaped(self, args: tuple) -> tuple:
+        args = list(args)
+        for j, dims, rank, declared in self._unit_vectors:
+            t = args[j]
+            if not hasattr(t, "dim"):
+                continue                 # not a tensor: the validator says so
+            if t.dim() != rank or any(t.shape[d] != 1 for d in dims):
+                raise LaunchError(f"{self.signature.names[j]} must be {rank}-D with shape {declared} (as "
+                                  f"{self.signature.name} declares it), got {t.dim()}-D shape {tuple(t.shape)}")
+            args[j] = t.squeeze(dims)
+        if self._batch_vectors:
+            lead = next((a.shape[0] for a in args if hasattr(a, "dim") and a.dim() == 3), None)
+            if lead is not None:
+                for j in self._batch_vectors:
+                    t = args[j]
+                    if hasattr(t, "dim") and t.dim() == 1:
+                        args[j] = t.expand(lead, t.shape[0])
+        return tuple(args)
 
     # -- validation --
     def _check_tensor(self, c: _TensorCheck, t, sizes: dict, where: dict, device) -> Any:
         import torch
+        # `out` is written in place: a converted copy would take the result instead of the caller's buffer
+        remedy = ((lambda copy, alloc: f"allocate {c.name} {alloc} (a converted copy would receive the result, "
+                   f"not your buffer)") if c.is_out else (lambda copy, alloc: f"pass {copy}"))
         if not isinstance(t, torch.Tensor):
             raise LaunchError(f"{c.name} must be a torch.Tensor, got {type(t).__name__}")
         if t.device.type != self.device_type:
             raise LaunchError(f"{c.name} must be on a {self.device_type} device, got {t.device}: "
-                              f"pass {c.name}.to('{self.device_type}')")
+                              + remedy(f"{c.name}.to('{self.device_type}')", f"on a {self.device_type} device"))
         if device is None:
             device = t.device
         elif t.device != device:
             raise LaunchError(f"{c.name} is on {t.device} but the other arguments are on {device}: "
-                              f"pass {c.name}.to('{device}')")
+                              + remedy(f"{c.name}.to('{device}')", f"on {device}"))
         if t.dtype is not c.torch_dtype:
+            torch_name = f"torch.{_dtype_name(c.torch_dtype)}"
             raise LaunchError(f"{c.name} must be {c.dtype}, got {t.dtype}: "
-                              f"pass {c.name}.to(torch.{_dtype_name(c.torch_dtype)})")
+                              + remedy(f"{c.name}.to({torch_name})", f"with dtype={torch_name}"))
         if t.dim() != c.rank:
             raise LaunchError(f"{c.name} must be {c.rank}-D with shape {c.shape_text}, "
                               f"got {t.dim()}-D shape {tuple(t.shape)}")
@@ -450,7 +616,8 @@ class Launcher:
         stride = t.stride()
         if stride[c.contig] != 1 and shape[c.contig] != 1:
             raise LaunchError(f"{c.name}.stride({c.contig - c.rank}) must be 1 (dim {c.contig} is the "
-                              f"contiguous one), got strides {stride}: pass {c.name}.contiguous()")
+                              f"contiguous one), got strides {stride}: "
+                              + remedy(f"{c.name}.contiguous()", "contiguous (torch.empty)"))
         a = c.align_elems
         if shape[c.contig] % a and c.contig in c.sym_dims and not c.vector:
             raise LaunchError(f"{c.name}.shape[{c.contig}] = {shape[c.contig]} must be a multiple of {a} "
@@ -460,16 +627,22 @@ class Launcher:
             if i != c.contig and stride[i] % a:
                 raise LaunchError(f"{c.name}.stride({i}) = {stride[i]} is not a multiple of {a} elements "
                                   f"({_ALIGN_BYTES} bytes), needed for vector/TMA loads: pad dim {c.contig} "
-                                  f"to a multiple of {a} or pass {c.name}.contiguous() "
-                                  f"if it is already a multiple of {a}")
+                                  f"to a multiple of {a} or "
+                                  + remedy(f"{c.name}.contiguous() if it is already a multiple of {a}",
+                                           f"contiguous if it is already a multiple of {a}"))
         if t.data_ptr() % _ALIGN_BYTES:
             raise LaunchError(f"{c.name}.data_ptr() is not {_ALIGN_BYTES}-byte aligned (a view at an odd "
-                              f"offset?): pass {c.name}.clone()")
+                              f"offset?): " + remedy(f"{c.name}.clone()", "as a tensor of its own (torch.empty)"))
         return device
 
     def validate(self, *args, out=None, **named):
         """Bind and check every argument; return (values, sizes, device) or raise LaunchError."""
-        values = self._bind(args, named)
+        return self._validate(self._arguments(args, named), out)
+
+    def _validate(self, args: tuple, out):
+        values: list = [None] * len(self.params)
+        for i, a in zip(self._user, args):
+            values[i] = a
         sizes: dict[str, int] = {}
         where: dict[str, str] = {}
         device = None
@@ -514,7 +687,10 @@ class Launcher:
 
     def prepare(self, *args, out=None, **named) -> tuple[list, Any]:
         """Validated, allocated argument list in kernel order, and the output tensor. Nothing launches."""
-        values, sizes, device = self.validate(*args, out=out, **named)
+        return self._prepare(self._arguments(args, named), out)
+
+    def _prepare(self, args: tuple, out) -> tuple[list, Any]:
+        values, sizes, device = self._validate(args, out)
         if out is None:
             out = self._allocate_out(sizes, device)
         values[self._out_index] = out
@@ -534,41 +710,38 @@ class Launcher:
 
     def __call__(self, *args, out=None, **named):
         """Launch. Fast path: the compiled function's own prologue (TVM-FFI, in C) checks device, dtype,
-        rank, shapes, strides and alignment before it launches, so here we only size the output and the
-        workspace. If the prologue rejects the arguments, the Python validator explains what to change."""
-        if self._batch_vectors:
-            args = self._expand_batch_vectors(args)
-        if self.always_validate or named or len(args) != self._n_user:
-            return self._call_checked(args, out, named)
+        rank, shapes, strides and alignment before it launches, so here we only check the static extents of
+        1 it cannot, and size the output and the workspace. If the prologue rejects the arguments, the
+        Python validator explains what to change."""
+        if named or len(args) != self._n_user or self._reshapes:
+            args = self._arguments(args, named)
+        if self.always_validate:
+            return self._call_checked(args, out)
         try:
-            sizes = {name: args[j].shape[d] for name, j, d in self._dim_sources}
-            device = args[self._first_tensor].device
-            values = self._template.copy()
-            for j, i in enumerate(self._user):
-                values[i] = args[j]
-            values[self._out_index] = result = self._allocate_out(sizes, device) if out is None else out
-            for i, code in self._workspaces:
-                values[i] = self.workspace(i, int(eval(code, {"__builtins__": {}}, {"L": 1, **sizes})), device)
+            prepared = ((not self._unit_dims or all(args[j].shape[d] == 1 for j, d in self._unit_dims))
+                        and (out is None or not self._out_unit_dims
+                             or all(out.shape[d] == 1 for d in self._out_unit_dims)))
+            if prepared:
+                sizes = {name: args[j].shape[d] for name, j, d in self._dim_sources}
+                device = args[self._first_tensor].device
+                values = self._template.copy()
+                for j, i in enumerate(self._user):
+                    values[i] = args[j]
+                values[self._out_index] = result = self._allocate_out(sizes, device) if out is None else out
+                for i, code in self._workspaces:
+                    values[i] = self.workspace(i, int(eval(code, {"__builtins__": {}}, {"L": 1, **sizes})), device)
         except Exception:          # malformed arguments: let the validator say what is wrong
-            return self._call_checked(args, out, named)
+            prepared = False
+        if not prepared:
+            return self._call_checked(args, out)
         try:
             self.function(*values)
         except (ValueError, TypeError) as e:    # raised by the prologue, before any launch
-            return self._call_checked(args, out, named, rejected=e)
+            return self._call_checked(args, out, rejected=e)
         return result
 
-    def _expand_batch_vectors(self, args: tuple) -> tuple:
-        lead = next((a.shape[0] for a in args if getattr(a, "dim", None) and a.dim() == 3), None)
-        if lead is None:
-            return args
-        args = list(args)
-        for j in self._batch_vectors:
-            if j < len(args) and getattr(args[j], "dim", None) and args[j].dim() == 1:
-                args[j] = args[j].expand(lead, args[j].shape[0])
-        return tuple(args)
-
-    def _call_checked(self, args, out, named, rejected: Optional[Exception] = None):
-        values, result = self.prepare(*args, out=out, **named)
+    def _call_checked(self, args: tuple, out, rejected: Optional[Exception] = None):
+        values, result = self._prepare(args, out)
         try:
             self.function(*values)
         except (ValueError, TypeError) as e:
@@ -605,12 +778,29 @@ def check_persistent_grid(arch: str, device_index: Optional[int] = None) -> Opti
     return msg
 
 
-def launcher_from_artifact(artifact, *, on_load_error=None) -> Launcher:
+def launcher_from_artifact(artifact, *, on_load_error=None, signature: Optional[CallSignature] = None) -> Launcher:
     """A Launcher for a cached `Artifact` (needs only its meta, never the compiler). Loading an SM90
-    kernel on a GPU whose SM count differs from the one its grid was sized for warns once per device."""
+    kernel on a GPU whose SM count differs from the one its grid was sized for warns once per device.
+    `signature`: the caller's own arguments (see `Launcher`), e.g. a @gemmc.kernel function's."""
     meta = artifact.meta
     check_persistent_grid(meta.get("arch", ""))
     return Launcher([param_from_dict(d) for d in meta["params"]], so_path=artifact.so_path,
                     function_name=meta["function"], runtime_flavor=meta.get("runtime_flavor", ""),
                     so_sha256=artifact.so_sha256,
-                    name=meta.get("entry", "kernel"), on_load_error=on_load_error)
+                    name=meta.get("entry", "kernel"), on_load_error=on_load_error, signature=signature)
+
+
+_ARCH_OF_MAJOR = {9: "sm_90a", 8: "sm_80"}      # compute capability major -> the arch gemmc builds for it
+
+
+def visible_arch() -> Optional[str]:
+    """The arch of torch's current CUDA device ("sm_90a" for compute capability 9.x, "sm_80" for 8.x), or
+    None where no GPU is visible or gemmc builds for none of its kind."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return None
+        major, _ = torch.cuda.get_device_capability()
+    except Exception:       # no torch CUDA runtime: nothing visible
+        return None
+    return _ARCH_OF_MAJOR.get(major)

@@ -141,6 +141,9 @@ def test_auto_uses_the_tuning_db_and_falls_back_to_cublas_where_it_measured_fast
         db.record(spec, "sm_90a", Measurement(tuned, 9.0, None, 6.0), "H200")   # cuBLAS faster
     k = gemmc.compile(spec, schedule="auto")
     assert k.schedule == tuned and k.decision.source == "db" and k.decision.use_cublas
-    a, b = torch.randn(64, 128), torch.randn(256, 128)
-    assert torch.allclose(k(a, b), a @ b.T)                   # dispatched to torch.matmul, no kernel built
+    a, b = torch.randn(64, 128).bfloat16(), torch.randn(256, 128).bfloat16()
+    with pytest.raises(gemmc.LaunchError, match="a must be on a cuda device"):
+        k(a, b)                                               # checked as the kernel checks its arguments
+    from gemmc.compiler import CublasRoute
+    assert torch.equal(CublasRoute(k.spec, k.emitted.params, device_type="cpu")(a, b), a @ b.T)
     assert gemmc.compile(spec, schedule="heuristic").decision is None

@@ -280,25 +280,37 @@ def test_numpy_scalars_are_constants():
 
 # ---- calling the kernel object ---------------------------------------------------------------
 
-def test_call_compiles_once_and_passes_a_b_then_inputs(monkeypatch):
+def test_call_compiles_itself_once_and_passes_its_own_arguments(monkeypatch):
     calls = []
 
-    def fake_compile(spec, schedule="auto", **kw):
-        calls.append((spec, schedule))
-        return lambda *args: ("ran", args)
+    def fake_compile(kernel, schedule="auto", arch=None, **kw):
+        calls.append((kernel, schedule, arch))
+        return lambda *args, out=None, **named: ("ran", args, named, out)
     fake = types.ModuleType("gemmc.compiler")
     fake.compile = fake_compile
     monkeypatch.setitem(sys.modules, "gemmc.compiler", fake)
     monkeypatch.setattr(gemmc, "compiler", fake, raising=False)
+    monkeypatch.setattr("gemmc.runtime.visible_arch", lambda: "sm_90a")
 
     @gemmc.kernel
-    def g(bias: T[("N",), f32], x: T[("M", "K"), bf16], w: T[("N", "K"), bf16], s: gemmc.Scalar):
+    def g(bias: T[("N",), f32], x: T[("M", "K"), bf16], w: T[("N", "K"), bf16], s: gemmc.Scalar = 2.0):
         return (x @ w.T + bias) * s
     assert g.params == ["bias", "x", "w", "s"]
     assert g.launch_args("B", "X", "W", 2.0) == ("X", "W", "B", 2.0)
-    assert g("B", "X", "W", s=3.0) == ("ran", ("X", "W", "B", 3.0))
-    assert g("B2", "X2", "W2", 1.0) == ("ran", ("X2", "W2", "B2", 1.0))
-    assert calls == [(g.spec, "auto")]  # compiled lazily, once
+    assert g.launch_args("B", "X", "W") == ("X", "W", "B", 2.0)        # the default
+    assert g("B", "X", "W", s=3.0) == ("ran", ("B", "X", "W"), {"s": 3.0}, None)
+    assert g("B2", "X2", "W2", out="O") == ("ran", ("B2", "X2", "W2"), {}, "O")
+    assert calls == [(g, "auto", "sm_90a")]  # compiled lazily, once, for the visible GPU
+
+
+def test_launch_args_that_do_not_bind_raise_launch_errors():
+    @gemmc.kernel
+    def g(x: T[("M", "K"), bf16], w: T[("N", "K"), bf16]):
+        return x @ w.T
+    with pytest.raises(gemmc.LaunchError, match=r"g takes 2 arguments \(x, w\), got 3 positional"):
+        g.launch_args(1, 2, 3)
+    with pytest.raises(gemmc.LaunchError, match=r"g: missing argument 'w'; call it as g\(x, w\)"):
+        g.launch_args(1)
 
 
 def test_kernel_spec_is_what_compile_reads():
@@ -503,6 +515,28 @@ def test_error_unsupported_operator_and_torch_function():
     def h(a: T[("M", "K"), bf16], b: T[("K", "N"), bf16]):
         return torch.relu(a @ b)  # error here
     expect_error(h, "torch.relu", "gemmc")
+
+
+@pytest.mark.parametrize("name", ["relu", "silu", "leaky_relu", "gelu"])
+def test_error_torch_functional_points_at_the_users_line(name):
+    torch = pytest.importorskip("torch")
+
+    def g(a: T[("M", "K"), bf16], b: T[("N", "K"), bf16]):
+        return getattr(torch.nn.functional, name)(a @ b.T)  # error here
+    expect_error(g, f"torch.{name} on a traced tensor")
+
+
+def test_error_unknown_gemmc_dtype_points_at_the_users_line():
+    def g(a: T[("M", "K"), bf16], b: T[("N", "K"), bf16]):
+        return (a @ b.T).to(gemmc.f8e4m3)  # error here
+    expect_error(g, "AttributeError", "f8e4m3")
+
+
+def test_error_operand_named_out():
+    def g(out: T[("M", "K"), bf16],  # error here
+          b: T[("N", "K"), bf16]):
+        return out @ b.T
+    expect_error(g, "operand named 'out'", "rename")
 
 
 def test_error_from_user_code_points_at_its_line():

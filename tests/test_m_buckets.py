@@ -43,26 +43,35 @@ def test_each_bucket_takes_the_shipped_choice_at_its_m(shipped_only):
     assert set(table) == set(BUCKETS) and table[won_m].schedule == won.schedule
 
 
+def _cpu_cublas_route(monkeypatch):
+    """The cuBLAS route checks devices as a kernel does: on CPU tensors for these tests."""
+    from gemmc.compiler import CublasRoute
+    monkeypatch.setattr(CompiledGemm, "cublas_route",
+                        property(lambda self: CublasRoute(self.spec, self.emitted.params, device_type="cpu")))
+
+
 def test_calls_route_by_m(shipped_only, monkeypatch):
+    _cpu_cublas_route(monkeypatch)
     n, k_, won_m, lost_m = mixed_weights(shipped_only)
     k = gemmc.compile(gemmc.GemmSpec("M", n, k_), schedule="auto")
-    a, b = torch.randn(lost_m - 1, k_), torch.randn(n, k_)
-    assert torch.allclose(k(a, b), a @ b.T, rtol=1e-4, atol=1e-3)      # the lost bucket: torch.matmul, no kernel
+    a, b = torch.randn(lost_m - 1, k_).bfloat16(), torch.randn(n, k_).bfloat16()
+    assert torch.equal(k(a, b), a @ b.T)                                # the lost bucket: torch.matmul, no kernel
     launched = []
     monkeypatch.setattr(CompiledGemm, "launcher", property(lambda self: lambda *x, **kw: launched.append(self)))
-    k(torch.randn(won_m - 1, k_), b)                                   # the won bucket: its own kernel
+    k(torch.randn(won_m - 1, k_).bfloat16(), b)                                   # the won bucket: its own kernel
     assert [x.schedule for x in launched] == [shipped_only.entries[(won_m, n, k_)].schedule]
 
 
 def test_calls_with_named_operands_route_by_m(shipped_only, monkeypatch):
+    _cpu_cublas_route(monkeypatch)
     n, k_, won_m, lost_m = mixed_weights(shipped_only)
     k = gemmc.compile(gemmc.GemmSpec("M", n, k_), schedule="auto")
-    a, b = torch.randn(lost_m - 1, k_), torch.randn(n, k_)
+    a, b = torch.randn(lost_m - 1, k_).bfloat16(), torch.randn(n, k_).bfloat16()
     launched = []
     monkeypatch.setattr(CompiledGemm, "launcher", property(lambda self: lambda *x, **kw: launched.append(self)))
     out = k(a=a, b=b)                                   # the lost bucket: torch.matmul, as k(a, b) does
-    assert not launched and torch.allclose(out, a @ b.T, rtol=1e-4, atol=1e-3)
-    k(a=torch.randn(won_m - 1, k_), b=b)                # the won bucket: its own kernel, not the default
+    assert not launched and torch.equal(out, a @ b.T)
+    k(a=torch.randn(won_m - 1, k_).bfloat16(), b=b)                # the won bucket: its own kernel, not the default
     assert [x.schedule for x in launched] == [shipped_only.entries[(won_m, n, k_)].schedule]
 
 

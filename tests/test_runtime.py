@@ -557,3 +557,39 @@ def test_split_k_scratch_past_a_32_bit_index_is_refused_before_launch(monkeypatc
     calls = len(rec.calls)
     k(a[:20], b, bias, 1.0)                      # 640: fits
     assert len(rec.calls) == calls + 1
+
+
+# -- the Python prologue (the cuBLAS route's checks) agrees with the validator ---------------------
+
+PROLOGUE_PARAMS = (
+    Param("a", "tensor", DType.bf16, ("M", "K"), -1, role="a"),
+    Param("b", "tensor", DType.bf16, (24, "K"), -1, role="b"),
+    Param("out", "tensor", DType.bf16, ("M", 24), -1, role="out"),
+    Param("bias", "tensor", DType.f32, ("M",), -1, role="input"),
+)
+
+
+@given(m=st.integers(1, 20), k=st.sampled_from([8, 12, 16]), n=st.sampled_from([24, 16]),
+       a_dtype=st.sampled_from([torch.bfloat16, torch.float16]), a_pad=st.sampled_from([0, 3, 8]),
+       b_transposed=st.booleans(), bias_len=st.sampled_from([0, 1]), offset=st.sampled_from([0, 1]),
+       with_out=st.booleans())
+def test_python_prologue_rejects_exactly_what_the_validator_rejects(m, k, n, a_dtype, a_pad, b_transposed,
+                                                                    bias_len, offset, with_out):
+    from gemmc.runtime import python_prologue
+    prologue = python_prologue(PROLOGUE_PARAMS, "cpu")
+    validator = Launcher(PROLOGUE_PARAMS, function=Recorder(), device_type="cpu", always_validate=True)
+    a = torch.zeros(m * (k + a_pad) + offset, dtype=a_dtype)[offset:].view(m, k + a_pad)[:, :k]
+    b = torch.zeros(k, 24).bfloat16().T if b_transposed else torch.zeros(n, k).bfloat16()
+    bias = torch.zeros(m + bias_len)
+    out = torch.empty(m, 24).bfloat16() if with_out else None
+    try:
+        validator.validate(a, b, bias, out=out)
+        valid = True
+    except LaunchError:
+        valid = False
+    try:
+        prologue(a, b, out, bias)
+        accepted = True
+    except (TypeError, ValueError):
+        accepted = False
+    assert accepted == valid
