@@ -401,6 +401,15 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
         if cm > 1 and bn % (8 * cm):
             add("multicast slice of B", f"{bn}/{cm}", f"B is multicast over the cluster's M extent in {cm} row "
                 "slices of 8-row multiples: shrink cluster M or grow tile N")
+        # the SM90 epilogue and the partial sums work on f32 values; an f16 accumulator fragment cannot hold them
+        if spec.acc_dtype == DType.f16:
+            if spec.epilogue:
+                add("acc_dtype f16 with an epilogue", spec.acc_dtype.value, "SM90 kernels run a fused epilogue on "
+                    "f32 accumulators: use acc_dtype='f32' (or arch='sm_80')")
+            if split_k_mode(s) in ("fixup", "stream"):
+                add("acc_dtype f16 with split-K partials", (s.split_k, s.stream_k), "the in-kernel split-K fix-up "
+                    "and stream-K sum f32 partials: use acc_dtype='f32', or split_k >= 3 (a reduce kernel) "
+                    "without swap_ab")
 
     # registers
     acc = accumulator_regs(s, spec)

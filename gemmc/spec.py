@@ -102,12 +102,17 @@ def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
+_F32_MAX = 3.4028234663852886e38
+
+
 def _check_number(x, what: str, fix: str) -> None:
     """Epilogue constants and clamp bounds: finite real numbers (the DSL rejects inf and nan the same way)."""
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise SpecError(f"{what} {x!r} is not a number; write {fix} with a python float")
     if not math.isfinite(x):
         raise SpecError(f"{what} {x!r} is not finite; use a finite float")
+    if abs(x) > _F32_MAX:         # the kernel computes in f32: it would become inf there (torch.clamp raises)
+        raise SpecError(f"{what} {x!r} is beyond the f32 range (|x| <= {_F32_MAX:.7g}); use a smaller value")
 
 
 def _check_dim(name: str, d) -> Dim:

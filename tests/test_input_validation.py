@@ -126,3 +126,30 @@ def test_unknown_dtype_lists_what_the_role_takes(field, accepted):
 def test_cast_to_an_unknown_dtype_lists_the_output_dtypes():
     with pytest.raises(SpecError, match=r"unknown dtype 'i32'; use one of: bf16, f16, f32$"):
         GemmSpec(m=64, n=64, k=64, epilogue=(EpilogueOp("cast", (Ref.acc(),), (("dtype", "i32"),)),))
+
+
+def test_sm90_refuses_f16_accumulation_where_it_needs_f32_values():
+    """The fused epilogue and the in-kernel split-K sums work on f32 values: with an f16 accumulator the
+    kernel failed inside cute.compile; the predicate says so first. Plain f16 accumulation stays valid."""
+    from gemmc.schedule import check_schedule
+    from gemmc.spec import EpilogueOp, Ref
+    plain = gemmc.GemmSpec(m=256, n=256, k=512, dtype="f16", out_dtype="f16", acc_dtype="f16")
+    relu = gemmc.GemmSpec(m=256, n=256, k=512, dtype="f16", out_dtype="f16", acc_dtype="f16",
+                          epilogue=(EpilogueOp("relu", (Ref.acc(),)),))
+    assert check_schedule(gemmc.Schedule(tile=(128, 128, 64)), plain) == []
+    assert check_schedule(gemmc.Schedule(tile=(128, 128, 64), split_k=3), plain) == []      # the reduce kernel
+    problems = check_schedule(gemmc.Schedule(tile=(128, 128, 64)), relu)
+    assert [p.limit for p in problems] == ["acc_dtype f16 with an epilogue"] and "acc_dtype='f32'" in problems[0].fix
+    for s in (gemmc.Schedule(tile=(128, 128, 64), split_k=2), gemmc.Schedule(tile=(128, 128, 64), stream_k=True),
+              gemmc.Schedule(tile=(64, 16, 64), mode="pingpong", swap_ab=True, split_k=3)):
+        assert "acc_dtype f16 with split-K partials" in [p.limit for p in check_schedule(s, plain)], s
+
+
+@pytest.mark.parametrize("value", [1e39, -3.5e38])
+def test_epilogue_constants_beyond_f32_are_refused(value):
+    from gemmc.spec import EpilogueOp, Ref
+    with pytest.raises(gemmc.SpecError, match="beyond the f32 range"):
+        gemmc.GemmSpec(epilogue=(EpilogueOp("mul", (Ref.acc(), Ref.const(value))),))
+    with pytest.raises(gemmc.SpecError, match="beyond the f32 range"):
+        gemmc.GemmSpec(epilogue=(EpilogueOp("clamp", (Ref.acc(),), (("max", value),)),))
+    gemmc.GemmSpec(epilogue=(EpilogueOp("mul", (Ref.acc(), Ref.const(3.4e38))),))     # the largest f32 range is fine
