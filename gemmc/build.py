@@ -26,11 +26,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
 from .backends import EmittedKernel, Param
-from .cache import Artifact, KernelCache, cache_key, default_cache, default_cache_dir, versions
+from .cache import (STALE_S, Artifact, KernelCache, cache_key, default_cache, default_cache_dir,
+                    dsl_version_from_metadata, share, unwritable_cache_error, versions)
 from .errors import BuildError
 from .runtime import is_batched
 from .types import DType
@@ -45,6 +47,38 @@ def source_digest(emitted: EmittedKernel) -> str:
     return hashlib.sha256(emitted.source.encode()).hexdigest()
 
 
+def _sweep_sources(src_dir: Path) -> None:
+    """Remove temp sources (`.<digest>-*.py`) that a killed or failed write left, once they are STALE_S old."""
+    now = time.time()
+    for p in src_dir.glob(".*.py"):
+        try:
+            if now - p.stat().st_mtime >= STALE_S:
+                p.unlink()
+        except OSError:
+            continue
+
+
+def _write_source(src_dir: Path, path: Path, digest: str, source: str) -> None:
+    cache_root = src_dir.parent
+    try:
+        src_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{digest[:12]}-", suffix=".py", dir=src_dir)
+    except OSError as e:
+        raise unwritable_cache_error(cache_root, e) from e
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        share(tmp)                  # mkstemp makes it 0600; other accounts build from this cache too
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise BuildError(f"writing the emitted source into the kernel cache {cache_root} failed ({path.name}): "
+                         f"{e.strerror or e}. Free space there, or set GEMMC_CACHE_DIR (`gemmc build "
+                         "--cache-dir DIR`) to another folder") from e
+    _sweep_sources(src_dir)
+
+
 def load_module(emitted: EmittedKernel):
     """Write `emitted.source` to `<cache>/sources/<sha256>.py` and import it (once per process)."""
     digest = source_digest(emitted)
@@ -52,13 +86,13 @@ def load_module(emitted: EmittedKernel):
     if mod is not None:
         return mod
     src_dir = default_cache_dir() / "sources"
-    src_dir.mkdir(parents=True, exist_ok=True)
     path = src_dir / f"{digest}.py"
-    if not path.exists() or path.read_text() != emitted.source:
-        fd, tmp = tempfile.mkstemp(prefix=f".{digest[:12]}-", suffix=".py", dir=src_dir)
-        with os.fdopen(fd, "w") as f:
-            f.write(emitted.source)
-        os.replace(tmp, path)
+    try:
+        current = path.read_text()
+    except OSError:
+        current = None
+    if current != emitted.source:
+        _write_source(src_dir, path, digest, emitted.source)
     name = f"gemmc_emitted_{digest[:16]}"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
@@ -231,13 +265,17 @@ def key_material(emitted: EmittedKernel) -> str:
                        "compile_arch": compile_arch(emitted), "fakes": FAKE_ARGUMENTS_REVISION}, sort_keys=True)
 
 
-def emitted_key(emitted: EmittedKernel, material: Optional[str] = None) -> str:
+def emitted_key(emitted: EmittedKernel, material: Optional[str] = None,
+                cache: Optional[KernelCache] = None) -> str:
     """Cache key. With `material` (the lowered IR text) the emitted source's digest is still mixed in:
-    while a backend is being changed gemmc's version stays put, and a stale .so must not be served."""
+    while a backend is being changed gemmc's version stays put, and a stale .so must not be served.
+    `cache`: the cache it is looked up in (a host without nvidia-cutlass-dsl metadata reads the
+    compiler's version from it; see gemmc.cache.dsl_version)."""
+    version_info = cache.versions() if cache is not None else versions()
     if material is None:
-        return cache_key(key_material(emitted), emitted.arch)
+        return cache_key(key_material(emitted), emitted.arch, version_info)
     return cache_key(json.dumps({"ir": material, "emitted": hashlib.sha256(key_material(emitted).encode())
-                                 .hexdigest()}, sort_keys=True), emitted.arch)
+                                 .hexdigest()}, sort_keys=True), emitted.arch, version_info)
 
 
 def param_to_dict(p: Param) -> dict:
@@ -263,12 +301,67 @@ def link_shared(obj_path: str, so_path: str, libs: list[str]) -> None:
         raise BuildError(f"linking failed ({' '.join(cmd)}):\n{proc.stderr.strip()}")
 
 
+def compiler_available() -> bool:
+    """Whether this host has the CuTe DSL compiler (`cutlass`), without importing it."""
+    try:
+        return importlib.util.find_spec("cutlass") is not None
+    except (ImportError, ValueError):       # e.g. sys.modules["cutlass"] = None
+        return False
+
+
+def _record_runtime_libraries(cache: KernelCache) -> None:
+    dsl = dsl_version_from_metadata()
+    if dsl is not None:
+        cache.record_runtime_libraries(dsl)
+
+
+def _version_text(v: dict) -> str:
+    return ", ".join(f"{name} {v.get(name, '?')}" for name in ("gemmc", "nvidia-cutlass-dsl", "apache-tvm-ffi"))
+
+
+def explain_unbuildable(emitted: EmittedKernel, cache: KernelCache, key: str, why: str) -> str:
+    """Why the cache cannot serve `emitted` on a host that cannot compile it, and how to fix that."""
+    here = cache.versions()
+    lines = [f"{emitted.entry} ({emitted.arch}) is not in the kernel cache {cache.root} in a form this host can "
+             "run, and this host cannot build it: it has no CuTe DSL compiler (`import cutlass`, from "
+             "nvidia-cutlass-dsl).",
+             f"  {cache.entry_dir(key)}: {why}"]
+    digest = hashlib.sha256(emitted.source.encode()).hexdigest()
+    others = [(d, m) for d, m in cache.entries() if d.name != key
+              and m.get("meta", {}).get("arch") == emitted.arch
+              and m.get("files", {}).get("kernel.py", {}).get("sha256") == digest]
+    for d, m in others[:3]:
+        built = m.get("meta", {}).get("versions", {})
+        diff = [f"{n} {built.get(n, '?')} (here {here[n]})" for n in here if built.get(n) != here[n]]
+        lines.append(f"  {d} holds this kernel built with other versions: {', '.join(diff) or 'unknown'}")
+    if here["nvidia-cutlass-dsl"] == "unknown":
+        from .cache import RUNTIME_LIBS, runtime_library_fingerprints
+        libs = ", ".join(p for p, _ in runtime_library_fingerprints()) or "none found"
+        lines.append(f"  This host has no nvidia-cutlass-dsl package metadata, and no build recorded the version "
+                     f"of its runtime library ({libs}) in {cache.root / RUNTIME_LIBS}: `gemmc build` records it, "
+                     "also on a hit (run it again where the cache was built); or install the "
+                     "nvidia-cutlass-dsl-libs packages here")
+    lines.append(f"  Fix: build it on a machine with nvidia-cutlass-dsl and the same versions ({_version_text(here)}) "
+                 "with `gemmc build` (same problem and schedule) or `.build()`, into a cache you then copy here "
+                 "(GEMMC_CACHE_DIR), or install nvidia-cutlass-dsl here.")
+    return "\n".join(lines)
+
+
 def build(emitted: EmittedKernel, cache: Optional[KernelCache] = None, *,
           material: Optional[str] = None) -> Artifact:
     """Build (or fetch) the kernel's .so + .ptx in the cache. `material` (e.g. the lowered IR text)
-    replaces the emitted source as the key's identity when given."""
+    replaces the emitted source as the key's identity when given. On a host without the compiler, an entry
+    whose kernel.ptx or kernel.py is missing is still served (`Artifact.defects` says what is wrong), and a
+    miss is a BuildError that says which entry and why."""
     cache = cache if cache is not None else default_cache()
-    key = emitted_key(emitted, material)
+    key = emitted_key(emitted, material, cache)
+    art = cache.lookup(key)
+    can_compile = compiler_available()
+    if art is not None and (not art.defects or not can_compile):
+        _record_runtime_libraries(cache)
+        return art
+    if not can_compile:
+        raise BuildError(explain_unbuildable(emitted, cache, key, cache.inspect(key)[1]))
     function_name = f"gemmc_{key[:16]}"
 
     def builder(staging: Path) -> dict:
@@ -291,7 +384,9 @@ def build(emitted: EmittedKernel, cache: Optional[KernelCache] = None, *,
             "compile_arch": compile_arch(emitted),
             "params": [param_to_dict(p) for p in emitted.params],
             "runtime_flavor": _runtime_flavor(libs),
-            "versions": versions(),
+            "versions": cache.versions(),
         }
 
-    return cache.get_or_build(key, builder)
+    art = cache.get_or_build(key, builder)
+    _record_runtime_libraries(cache)
+    return art

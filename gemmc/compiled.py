@@ -13,6 +13,7 @@ from typing import Optional
 
 from .backends import EmittedKernel
 from .cache import Artifact, KernelCache, default_cache
+from .errors import BuildError
 
 
 class CompiledKernel:
@@ -51,7 +52,7 @@ class CompiledKernel:
     @property
     def key(self) -> str:
         from .build import emitted_key
-        return emitted_key(self.emitted, self.material)
+        return emitted_key(self.emitted, self.material, self.cache)
 
     # -- build --
     def build(self) -> Artifact:
@@ -63,7 +64,14 @@ class CompiledKernel:
 
     @property
     def ptx(self) -> str:
-        return self.build().ptx
+        art = self.build()
+        if art.ptx_path is None:        # served for running by a host that cannot rebuild it (see build.build)
+            why = "; ".join(art.defects) or "the entry has no kernel.ptx"
+            raise BuildError(f"no PTX for {self.emitted.entry}: in the cache entry {art.directory}, {why}. The "
+                             "kernel still runs; to restore its PTX, build it again on a machine with "
+                             "nvidia-cutlass-dsl (`gemmc build`, same problem and schedule, or `.build()`) into "
+                             "this cache")
+        return art.ptx
 
     @property
     def so_path(self) -> str:
@@ -71,9 +79,17 @@ class CompiledKernel:
 
     # -- run --
     def _rebuild_after_load_error(self, error: Exception):
-        """The cached .so would not load (corrupt beyond what the hashes catch): rebuild it once."""
+        """The cached .so failed its hash or is not a whole shared object (runtime.DamagedKernelError):
+        rebuild it once. A host without the compiler leaves the entry for a build host to replace."""
+        from .build import compiler_available
         from .runtime import load_function
-        self.cache.invalidate(self.build().key)
+        art = self.build()
+        if not compiler_available():
+            raise BuildError(f"the cached kernel {art.so_path} is damaged ({error}), and this host cannot rebuild "
+                             "it: it has no CuTe DSL compiler (nvidia-cutlass-dsl). Build it again on a machine "
+                             "that has (`gemmc build`, same problem and schedule, or `.build()`) and copy the "
+                             f"cache ({self.cache.root}) here") from error
+        self.cache.invalidate(art.key)
         self._artifact = None
         art = self.build()
         return load_function(art.so_path, art.meta["function"], art.meta.get("runtime_flavor", ""),

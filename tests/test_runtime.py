@@ -593,3 +593,79 @@ def test_python_prologue_rejects_exactly_what_the_validator_rejects(m, k, n, a_d
     except (TypeError, ValueError):
         accepted = False
     assert accepted == valid
+
+
+# -- which load failures rebuild ------------------------------------------------------------------
+
+def _so_with_hash(tmp_path):
+    from gemmc.cache import sha256_file
+    so = tmp_path / "kernel.so"
+    so.write_bytes(b"\x7fELF as built")
+    return so, sha256_file(so)
+
+
+def _hooked_launcher(so, sha):
+    seen = []
+
+    def on_error(e):
+        seen.append(e)
+        return Recorder()
+
+    k = Launcher(toy_params(), so_path=str(so), function_name="f", so_sha256=sha, device_type="cpu",
+                 on_load_error=on_error)
+    return k, seen
+
+
+def test_a_so_failing_its_hash_goes_to_the_load_error_hook(tmp_path):
+    from gemmc.runtime import DamagedKernelError
+    so, sha = _so_with_hash(tmp_path)
+    so.write_bytes(b"\x7fELF modified")
+    k, seen = _hooked_launcher(so, sha)
+    k.function
+    assert len(seen) == 1 and isinstance(seen[0], DamagedKernelError)
+
+
+def test_a_missing_runtime_library_is_named_and_nothing_is_rebuilt(tmp_path, monkeypatch):
+    from gemmc.runtime import KernelLoadError
+    so, sha = _so_with_hash(tmp_path)
+    monkeypatch.setenv("GEMMC_CUTE_RUNTIME_LIB", "/opt/wrong/libcute_dsl_runtime.so")
+    k, seen = _hooked_launcher(so, sha)
+    with pytest.raises(KernelLoadError) as e:
+        k.function
+    assert seen == []                       # the entry is intact: no rebuild, no invalidation
+    msg = str(e.value)
+    assert str(so) in msg and "GEMMC_CUTE_RUNTIME_LIB=/opt/wrong/libcute_dsl_runtime.so does not exist" in msg
+
+
+def test_a_runtime_library_that_does_not_load_is_named(tmp_path, monkeypatch):
+    from gemmc.runtime import KernelLoadError
+    so, sha = _so_with_hash(tmp_path)
+    lib = tmp_path / "libcute_dsl_runtime.so"
+    lib.write_text("not a library")
+    monkeypatch.setenv("GEMMC_CUTE_RUNTIME_LIB", str(lib))
+    k, seen = _hooked_launcher(so, sha)
+    with pytest.raises(KernelLoadError, match=rf"loading {so} needs the CuTe DSL runtime library, and {lib} "
+                                              r"\(from GEMMC_CUTE_RUNTIME_LIB\) does not load") as e:
+        k.function
+    assert seen == [] and isinstance(e.value.__cause__, OSError)
+
+
+def test_missing_tvm_ffi_is_named(tmp_path, monkeypatch):
+    from gemmc.runtime import KernelLoadError, find_cute_runtime_library
+    find_cute_runtime_library()             # this host has the runtime library: only tvm_ffi is missing
+    so, sha = _so_with_hash(tmp_path)
+    monkeypatch.setitem(sys.modules, "tvm_ffi", None)
+    k, seen = _hooked_launcher(so, sha)
+    with pytest.raises(KernelLoadError, match=rf"loading {so} needs apache-tvm-ffi"):
+        k.function
+    assert seen == []
+
+
+def test_an_intact_so_that_does_not_load_is_not_rebuilt(tmp_path):
+    """The hash matches, so the file is what the build wrote: the host is at fault, not the entry."""
+    from gemmc.runtime import KernelLoadError
+    so, sha = _so_with_hash(tmp_path)
+    k, seen = _hooked_launcher(so, sha)
+    with pytest.raises(KernelLoadError, match="does not load on this host"):
+        k.function
+    assert seen == []
