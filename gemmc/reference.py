@@ -1,13 +1,39 @@
-"""The fp32 torch reference of a GemmSpec, random inputs for it, and the error measure.
+"""The fp32 torch reference of a GemmSpec, random inputs for it, and the error measures.
 
 Every correctness check (tests, bench, scripts) uses these: out = epilogue(A @ B) computed in fp32
-from the upcast inputs; the error is the relative Frobenius norm, infinite when the output holds a
-non-finite value (an unwritten NaN-poisoned element).
+from the upcast inputs (TF32 off); the errors are the relative Frobenius norm, infinite when the output
+holds a non-finite value (an unwritten NaN-poisoned element), and the elementwise error scaled by the
+bound a correct kernel meets (`reference_and_bound`, `error_figures`).
+
+The elementwise bound. A correct kernel accumulates the exact bf16/f16 products in its accumulator
+type, applies the epilogue in f32 and rounds to the output type (round to nearest). Per element, with
+S = |A| @ |B| (the sum of |a_k b_k|) and u_t the unit roundoff of type t (2^-8 bf16, 2^-11 f16, 2^-24 f32):
+  accumulator  E = sqrt(K) (u_acc + u_f32) S   the kernel's accumulation and the fp32 reference's own.
+               sqrt(K) is the probabilistic growth of rounding errors (the worst case is K); simulated
+               accumulators that truncate instead of rounding, per MMA step or per aligned product,
+               stay under a quarter of sqrt(K) u_f32 S, an eighth of E, on randn inputs
+               (tests/test_bench_checks.py); cuBLAS on an H200 stays under half the whole bound.
+  epilogue     first-order propagation op by op (`_propagate`): sums add errors, products scale them by
+               the other operand, unary functions by their Lipschitz constant plus FN_EPS of libm-grade
+               f32 math; a cast, the farthest its rounding of any value within the error
+               lands from the reference's (one ulp near a rounding boundary, else 0).
+  output       |fl(v) - ref| <= e + u_out (|ref| + e) for the propagated error e.
+The bound is SAFETY x (that + half the output type's subnormal spacing).
 """
 from __future__ import annotations
 
+import contextlib
+import math
+
 from .spec import GemmSpec
-from .types import torch_dtype
+from .types import DType, torch_dtype
+
+SAFETY = 2.0            # x the whole bound: room for model slack (the accumulator term already has >= 5x)
+FN_EPS = 2.0 ** -16     # per transcendental op, relative to |f(x)| + |x|: ~250 ulp of f32 for two libm calls,
+                        # and |x| covers the cancellation in 0.5 x (1 + tanh/erf(.)) at large negative x
+# sup |f'|: a kernel error e in the argument moves the result by at most L e (derivatives measured in the tests)
+LIPSCHITZ = {"relu": 1.0, "clamp": 1.0, "tanh": 1.0, "sigmoid": 0.25, "silu": 1.1, "gelu_tanh": 1.13,
+             "gelu_erf": 1.13}
 
 
 def make_inputs(spec: GemmSpec, m: int, n: int, k: int, batch: int = 1, device="cuda", generator=None):
@@ -33,31 +59,116 @@ def make_inputs(spec: GemmSpec, m: int, n: int, k: int, batch: int = 1, device="
     return a, b, extra
 
 
+# ---- fp32 matmuls ---------------------------------------------------------------------------------
+
+def _precision_switches():
+    """(module, legacy flag) of every matmul backend that can trade fp32 for TF32/bf16."""
+    import torch
+    out = [(torch.backends.cuda.matmul, "allow_tf32")]
+    mkl = getattr(getattr(torch.backends, "mkldnn", None), "matmul", None)
+    if mkl is not None:
+        out.append((mkl, None))
+    return out
+
+
+@contextlib.contextmanager
+def fp32_matmul():
+    """Matmuls in true fp32 inside, the caller's settings restored after. Newer torch has per-backend
+    `fp32_precision` and raises when `allow_tf32` is read in a process that used it, so that API is used
+    wherever it exists; older torch only has `allow_tf32`."""
+    saved = []
+    try:
+        for mod, legacy in _precision_switches():
+            if hasattr(mod, "fp32_precision"):
+                saved.append((mod, "fp32_precision", mod.fp32_precision))
+                mod.fp32_precision = "ieee"
+            elif legacy is not None:
+                saved.append((mod, legacy, getattr(mod, legacy)))
+                setattr(mod, legacy, False)
+        yield
+    finally:
+        for mod, name, value in reversed(saved):
+            setattr(mod, name, value)
+
+
+# ---- the reference and its bound ------------------------------------------------------------------
+
 def reference(spec: GemmSpec, a, b, extra):
     """out = epilogue(A @ B) in fp32 from the upcast inputs, shaped (L?, M, N)."""
+    return _evaluate(spec, a, b, extra, with_bound=False)[0]
+
+
+def reference_and_bound(spec: GemmSpec, a, b, extra):
+    """(reference, elementwise bound): a correct kernel's output `out` has |out - reference| <= bound
+    everywhere (`error_figures` measures it). Costs one more fp32 matmul, |A| @ |B|."""
+    return _evaluate(spec, a, b, extra, with_bound=True)
+
+
+def unit_roundoff(dtype) -> float:
+    """u of round-to-nearest in `dtype` (a DType, name or torch dtype): |fl(x) - x| <= u |x| in its normal range."""
+    import torch
+    return torch.finfo(_torch_float(dtype)).eps / 2
+
+
+def _torch_float(dtype):
+    import torch
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    from .types import as_dtype
+    return torch_dtype(as_dtype(dtype))
+
+
+def _tiny(dtype) -> float:
+    """Half the subnormal spacing of `dtype` (its rounding error below the normal range), at least the
+    smallest normal f32 so that a bound is never 0."""
+    import torch
+    fi = torch.finfo(_torch_float(dtype))
+    return max(fi.smallest_normal * fi.eps / 2, torch.finfo(torch.float32).smallest_normal)
+
+
+def accumulation_bound(abs_product, k: int, acc_dtype=DType.f32):
+    """E = sqrt(K) (u_acc + u_f32) |A| @ |B|: the kernel's accumulation error plus the fp32 reference's own.
+    Scales `abs_product` in place and returns it."""
+    return abs_product.mul_(math.sqrt(k) * (unit_roundoff(acc_dtype) + unit_roundoff(DType.f32)))
+
+
+def output_bound(ref, err, out_dtype):
+    """SAFETY (err + u_out (|ref| + err) + tiny): a value within `err` of `ref`, rounded to `out_dtype`.
+    Computed in `err`'s storage (a tensor of ref's shape), which it returns."""
+    u = unit_roundoff(out_dtype)
+    return err.mul_(1 + u).add_(ref.abs(), alpha=u).add_(_tiny(out_dtype)).mul_(SAFETY)
+
+
+def gemm_bound(ref, abs_product, k: int, out_dtype, acc_dtype=DType.f32):
+    """The elementwise bound of a plain GEMM (no epilogue) from its fp32 reference and |A| @ |B|
+    (whose storage it takes)."""
+    return output_bound(ref, accumulation_bound(abs_product, k, acc_dtype), out_dtype)
+
+
+def _evaluate(spec: GemmSpec, a, b, extra, with_bound: bool):
     import torch
     import torch.nn.functional as F
 
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False   # a true fp32 reference
-    try:
+    with fp32_matmul():   # a true fp32 reference
         a32 = a.float() if spec.a_layout == "mk" else a.float().transpose(-2, -1)   # (.., M, K)
         b32 = b.float().transpose(-2, -1) if spec.b_layout == "nk" else b.float()   # (.., K, N)
         acc = torch.matmul(a32, b32)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
+        err_acc = torch.matmul(a32.abs(), b32.abs()) if with_bound else None
+    if with_bound:
+        err_acc = accumulation_bound(err_acc, a32.shape[-1], spec.acc_dtype)
+    del a32, b32
 
     values = {}
     for inp, x in zip(spec.inputs, extra):
-        if inp.kind == "scalar":
-            values[inp.name] = float(x)
+        if inp.kind == "scalar":     # an f32 value, as the kernel holds it (a python float would run in f64)
+            values[inp.name] = torch.tensor(float(x), dtype=torch.float32, device=acc.device)
         elif inp.kind == "row":                    # (N,) broadcast over rows
             values[inp.name] = x.float().unsqueeze(-2)
         elif inp.kind == "col":                    # (M,) broadcast over columns
             values[inp.name] = x.float().unsqueeze(-1)
         else:
             values[inp.name] = x.float()
-    nodes = []
+    nodes, errs = [], []
 
     def get(r):
         if r.kind == "acc":
@@ -67,6 +178,9 @@ def reference(spec: GemmSpec, a, b, extra):
         if r.kind == "const":
             return float(r.value)
         return nodes[int(r.value)]
+
+    def err_of(r):   # inputs and constants are exact in f32
+        return err_acc if r.kind == "acc" else errs[int(r.value)] if r.kind == "node" else 0.0
 
     unary = {
         "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "silu": F.silu,
@@ -85,17 +199,84 @@ def reference(spec: GemmSpec, a, b, extra):
             r = x.to(torch_dtype(op.attr("dtype"))).float()
         else:
             r = unary[op.op](x)
+        if with_bound:
+            errs.append(_propagate(op, x, get(op.args[1]) if len(op.args) > 1 else None, r,
+                                   [err_of(a) for a in op.args]))
         nodes.append(r)
     out = nodes[-1] if nodes else acc
-    return out.expand_as(acc) if out.shape != acc.shape else out
+    bound = None
+    if with_bound:
+        err = errs[-1] if errs else err_acc
+        err = (err.expand_as(out).clone(memory_format=torch.contiguous_format) if isinstance(err, torch.Tensor)
+               else torch.full_like(out, err))
+        bound = output_bound(out, err, spec.out_dtype).nan_to_num_(nan=math.inf)   # NaN: no bound there
+        bound = bound.expand_as(acc) if bound.shape != acc.shape else bound
+    return (out.expand_as(acc) if out.shape != acc.shape else out), bound
 
+
+def _propagate(op, x, y, r, in_errs):
+    """First-order bound on |kernel - reference| after `op`, from its operands' reference values (x, y),
+    its reference result r and its operands' bounds. f32 rounding of each side's own result: 2 u_f32."""
+    import torch
+    u32 = unit_roundoff(DType.f32)
+    ex = in_errs[0]
+    ar = r.abs()
+    if op.op in ("add", "sub", "mul", "div"):
+        ey = in_errs[1]
+        ax, ay = abs(x), abs(y)
+        if op.op in ("add", "sub"):
+            e = ex + ey
+        elif op.op == "mul":
+            e = ay * ex + ax * ey + ex * ey
+        else:   # x'/y' - x/y = (dx - r dy) / y': unbounded when y may cross 0
+            den = ay - ey
+            e = (ex + ar * ey) / den
+            e = torch.where(torch.as_tensor(den > 0), torch.as_tensor(e), math.inf)
+        return e + 2 * u32 * (ar + e)
+    if op.op in ("relu", "clamp"):
+        return ex + 0.0 * ar                      # exact ops (the broadcast keeps r's shape)
+    if op.op == "cast":   # rounding is monotone: a value within ex of x rounds between the roundings of x -+ ex
+        dt = torch_dtype(op.attr("dtype"))
+        ex = ex + 2 * u32 * abs(x)               # x -+ ex are themselves rounded to f32
+        return torch.maximum(((x + ex).to(dt).float() - r).abs(), ((x - ex).to(dt).float() - r).abs())
+    return LIPSCHITZ[op.op] * ex + FN_EPS * (ar + abs(x))
+
+
+# ---- error measures -------------------------------------------------------------------------------
 
 def rel_frobenius(out, ref) -> float:
-    """||out - ref||_F / ||ref||_F; inf when `out` holds a non-finite value (e.g. an unwritten NaN)."""
+    """||out - ref||_F / ||ref||_F over the finite elements; inf when `out` is non-finite anywhere the
+    reference is not, or differs from it there (an unwritten NaN, an inf of the wrong sign)."""
     import torch
     o = out.float()
-    if not torch.isfinite(o).all():
-        return float("inf")
+    finite = torch.isfinite(o)
+    if not finite.all():
+        if not torch.equal(finite, torch.isfinite(ref)):
+            return float("inf")
+        o_nf, r_nf = o[~finite], ref[~finite]
+        if not ((o_nf == r_nf) | (torch.isnan(o_nf) & torch.isnan(r_nf))).all():
+            return float("inf")
+        o, ref = o[finite], ref[finite]
     denom = torch.linalg.vector_norm(ref).item()
     num = torch.linalg.vector_norm(o - ref).item()
     return num / denom if denom else (0.0 if num == 0 else float("inf"))
+
+
+def error_figures(out, ref, bound) -> tuple[float, float]:
+    """(relative Frobenius error, max |out - ref| / bound) of `out` against the fp32 reference and its
+    elementwise bound; the second is <= 1 for a correct kernel. Both are NaN when `out` holds NaN where
+    the reference does not (an unwritten element). Values beyond the output type's range compare as its
+    largest finite value (a kernel rounding a huge reference to inf is right)."""
+    import torch
+    big = torch.finfo(out.dtype).max
+    d = out.to(torch.float32, copy=True).nan_to_num_(nan=math.nan, posinf=big, neginf=-big)
+    both_nan = None
+    if ref.isnan().any():                        # NaN where the reference is NaN is right
+        both_nan = ref.isnan() & d.isnan()
+    d.sub_(ref.clamp(-big, big) if big < torch.finfo(torch.float32).max else ref).abs_()
+    if both_nan is not None:
+        d.masked_fill_(both_nan, 0.0)
+    denom = torch.linalg.vector_norm(torch.nan_to_num(ref)).item()
+    num = torch.linalg.vector_norm(d).item()
+    rel = num / denom if denom else (0.0 if num == 0 else math.inf)
+    return rel, d.div_(bound).amax().item()

@@ -211,11 +211,12 @@ class VirtualClock:
 
 
 class FakeKernel:
-    """a @ b.T computed for real (so the check sees the numbers), costing `us` of virtual time."""
+    """a @ b.T computed for real (so the check sees the numbers), costing `us` of virtual time. `bug(call number
+    from 1, a, result)` returns what the call writes instead (None: nothing)."""
 
-    def __init__(self, clock, us, name="gemmc", log=None, wrong=False, skip_write=False, schedule=None):
+    def __init__(self, clock, us, name="gemmc", log=None, wrong=False, skip_write=False, schedule=None, bug=None):
         self.clock, self.us, self.name, self.log = clock, us, name, log if log is not None else []
-        self.wrong, self.skip_write, self.schedule = wrong, skip_write, schedule
+        self.wrong, self.skip_write, self.schedule, self.bug = wrong, skip_write, schedule, bug
         self.calls, self.out_args = 0, []
 
     def __call__(self, a, b, out=None):
@@ -226,9 +227,11 @@ class FakeKernel:
         res = (a.float() @ b.float().T).to(a.dtype)
         if self.wrong:
             res = res * 1.5
+        if self.bug is not None:
+            res = self.bug(self.calls, a, res)
         if out is None:
             return res
-        if not self.skip_write:
+        if not self.skip_write and res is not None:
             out.copy_(res)
         return out
 
@@ -264,8 +267,12 @@ def test_side_by_side_checks_the_named_kernels_then_times_all_beside_cublas():
     assert res["us"] == pytest.approx({"cublas": 12.0, "kernel": 10.0, "variant": 4.0})
     assert list(res["rel_err"]) == ["kernel"] and res["rel_err"]["kernel"] < 1e-2   # the variant is only timed
     assert res["launches"] == timing.launch_count(12.0, res["sets"].n, cfg) and set(res["units"]) == set(res["us"])
-    # (1 warm-up + 3 repeats) units per side, after the one-call estimate and the checked kernel's one call
-    assert cublas.calls == 1 + 4 * res["launches"] and kernels["kernel"].calls == 1 + 4 * res["launches"]
+    # (1 warm-up + 3 repeats) units per side, after the estimate (warm-up + best of 3) and the checked kernel's
+    # one call; then the checked kernel's graph replayed once more onto NaN, and checked on the slots of its first
+    # and last launch (cuBLAS's own error on each: one call per input set)
+    launches, n = res["launches"], res["sets"].n
+    slots = {0, (launches - 1) % n}
+    assert cublas.calls == 4 + 4 * launches + len(slots) and kernels["kernel"].calls == 1 + 5 * launches
     with pytest.raises(ValueError, match="64x32x48 variant: relative Frobenius error"):
         timing.time_side_by_side(shape, kernels, clock, cfg=cfg, cublas=cublas, device="cpu", l2_bytes=64 * 1024)
 
@@ -280,12 +287,13 @@ def test_prepare_units_gives_every_side_one_launch_count_and_its_own_outputs():
     units, launches, est_us = timing.prepare_units(sides, sets, clock, cfg, cublas, host_timing=False)
     assert list(units) == ["other", "cublas"] and est_us == pytest.approx(12.0)
     assert launches == timing.launch_count(12.0, 3, cfg) == 9 and clock.prepared == [1, 9, 9]
+    assert cublas.calls == 4    # the estimate: one warm-up replay, then the best of 3
     for out in sets.out_gemmc:
         out.fill_(float("nan"))
     units["other"]()
     # launch i reads input set i mod 3 and writes its slot: every gemmc slot written, cuBLAS's left alone
     assert other.calls == 9 and all(o.isfinite().all() for o in sets.out_gemmc)
-    assert cublas.calls == 1
+    assert cublas.calls == 4
 
 
 def test_timing_loop_measures_each_side_and_the_ratio():
@@ -298,7 +306,10 @@ def test_timing_loop_measures_each_side_and_the_ratio():
     assert r["ratio"] == pytest.approx(1.2)
     assert r["gemmc_tflops"] == pytest.approx(2 * 64 * 32 * 48 / 10e-6 / 1e12)
     assert r["schedule"] == sched.short() and r["schedule_dict"] == sched.to_dict()
-    assert r["rel_err"] < 1e-2 and r["cublas_rel_err"] < 1e-2
+    assert r["rel_err"] < 1e-2 and r["cublas_rel_err"] < 1e-2 and r["elem_err"] <= 0.5 and r["cublas_elem_err"] <= 0.5
+    # the timed launches' own outputs: the slots of the unit's first and last call, every slot finite
+    assert r["timed_slots"] == sorted({0, (r["launches"] - 1) % r["input_sets"]}) and r["timed_nonfinite_slots"] == 0
+    assert r["timed_elem_err"] <= 0.5 and r["timed_rel_err"] < 1e-2
     # launches: >= min_unit_us / estimate (100 / 12 -> 9), and >= one per input set
     assert r["launches"] == max(9, r["input_sets"])
     assert r["input_sets"] == timing.input_set_count(SMALL[0], 2, 64 * 1024)
@@ -340,7 +351,8 @@ def test_a_clock_step_mid_run_cancels_in_the_paired_ratio():
     assert steady["ratio"] == pytest.approx(1.1) and steady["ratio_of_medians"] == pytest.approx(1.1)
     # step the clock between gemmc and cuBLAS of repeat 4 (order g, c): gemmc gets 5 fast samples, cuBLAS 4
     units = steady["launches"]
-    start = len(log) - 2 * cfg.repeats * units
+    tail = len(steady["timed_slots"]) - 1       # after timing: cuBLAS's own error on the last launch's input set
+    start = len(log) - tail - 2 * cfg.repeats * units
     rec, _ = run(after=start + 2 * 4 * units + units)
     assert rec["ratio"] == pytest.approx(1.1)                          # 9 of 10 pairs: 11 / 10
     assert rec["ratio_of_medians"] == pytest.approx(11 * 1.1 / (10 * 1.05))   # straddles the step: 1.152
@@ -353,7 +365,7 @@ def test_settle_runs_cublas_before_timing_long_shapes_only():
     sh = suites.Shape(64, 32, 48)
     sets = timing.make_input_sets(sh, torch.bfloat16, "cpu", 2, 0)
     cfg = timing.TimingConfig(repeats=2, warmup=0, min_unit_us=100, settle_s=0.01)
-    long_call = timing.SETTLE_MIN_CALL_US
+    long_call = timing.SETTLE_MIN_CALL_US * 1.01     # (exactly at the threshold, the virtual clock's rounding decides)
     rec = timing.bench_shape(sh, FakeKernel(clock, 10.0, "gemmc", log), sets, clock, cfg,
                              cublas=FakeKernel(clock, long_call, "cublas", log))
     assert rec["settle_units"] >= 1
@@ -437,6 +449,86 @@ def test_a_wrong_result_is_reported_and_not_timed():
 def test_unwritten_output_fails_the_check_through_the_nan_fill():
     results, made, _, _, _ = _cpu_bench(lambda c, log, s: FakeKernel(c, 10.0, "gemmc", log, skip_write=True))
     assert results[0]["status"] == "check_failed" and math.isnan(results[0]["rel_err"])
+
+
+def test_an_f16_output_rounded_through_bf16_fails_the_check():
+    """Its relative error (~0.0017) passed the old check (< 1e-2); it is ~8x cuBLAS's, and up to 4x the
+    elementwise bound of an f16 output."""
+    def via_bf16(n, a, res):
+        return res.to(torch.bfloat16).to(res.dtype)
+    results, made, _, _, _ = _cpu_bench(lambda c, log, s: FakeKernel(c, 10.0, "gemmc", log, bug=via_bf16),
+                                        dtype="f16")
+    r = results[0]
+    assert r["status"] == "check_failed" and made[SMALL[0]].calls == 1      # not timed
+    assert r["rel_err"] < 1e-2 and r["elem_err"] > 1 and r["rel_err"] > 2 * r["cublas_rel_err"] + 1e-4
+    assert r["error"].startswith(f"relative Frobenius error {r['rel_err']:.3g} (limit ")
+    assert f"max elementwise error {r['elem_err']:.3g} x its bound (limit 1" in r["error"]
+    ok, _, _, _, _ = _cpu_bench(lambda c, log, s: FakeKernel(c, 10.0, "gemmc", log), dtype="f16")
+    assert [x["status"] for x in ok] == ["ok", "ok"] and ok[0]["elem_err"] <= 0.5
+
+
+# ---- the timed launches are checked ------------------------------------------------------------------
+
+def _stale_after_first(n, a, res):   # right in the eager check, wrong in every replay (say a stale semaphore)
+    return res if n == 1 else res * 1.5
+
+
+def _skips_after_first(n, a, res):   # writes in the eager check, nothing in the replays
+    return res if n == 1 else None
+
+
+@pytest.mark.parametrize("bug, what", [(_stale_after_first, "relative Frobenius error"),
+                                       (_skips_after_first, "relative Frobenius error nan")])
+@pytest.mark.parametrize("aa_check", [False, True])
+def test_a_kernel_wrong_only_in_the_timed_replays_fails(bug, what, aa_check):
+    """The eager check passes; the timed graph's replays are wrong (or write nothing into the NaN-filled slots).
+    With the A/A check cuBLAS writes into gemmc's slots too: gemmc's graph is replayed once more onto NaN."""
+    cfg = timing.TimingConfig(repeats=3, warmup=1, min_unit_us=100, aa_check=aa_check)
+    results, made, _, _, _ = _cpu_bench(lambda c, log, s: FakeKernel(c, 10.0, "gemmc", log, bug=bug), cfg=cfg)
+    for r in results:
+        assert r["rel_err"] < 1e-2 and r["elem_err"] <= 1            # the eager check passed
+        assert r["status"] == "check_failed" and r["error"].startswith("timed launches (slots ")
+        assert what in r["error"] and not r["timed_elem_err"] <= 1
+
+
+def test_a_slot_left_unwritten_by_the_replays_fails_through_the_finiteness_scan():
+    """Only the slots of the unit's first and last call are compared with their references; every other slot is
+    scanned for NaN (the fill before the first replay)."""
+    clock, log = VirtualClock(), []
+    sh = suites.Shape(64, 32, 48)
+    sets = timing.make_input_sets(sh, torch.bfloat16, "cpu", 5, 0)
+    cfg = timing.TimingConfig(repeats=2, warmup=1, min_unit_us=100)
+    bad = sets.a[2].data_ptr()                    # launches = 9 over 5 sets: slots 0 and 3 are compared
+    kernel = FakeKernel(clock, 10.0, "gemmc", log, bug=lambda n, a, res: None if a.data_ptr() == bad else res)
+    rec = timing.bench_shape(sh, kernel, sets, clock, cfg, cublas=FakeKernel(clock, 12.0, "cublas", log))
+    assert rec["launches"] == 9 and rec["timed_slots"] == [0, 3] and rec["timed_elem_err"] <= 0.5
+    assert rec["status"] == "check_failed" and rec["timed_nonfinite_slots"] == 1
+    assert "non-finite output in 1 of 5 slots (first: slot 2" in rec["error"]
+
+
+def test_side_by_side_checks_the_timed_graphs_of_the_checked_kernels():
+    clock = VirtualClock()
+    kernels = {"kernel": FakeKernel(clock, 10.0, bug=_stale_after_first)}
+    with pytest.raises(ValueError, match=r"64x32x48 kernel: timed launches \(slots"):
+        timing.time_side_by_side(suites.Shape(64, 32, 48), kernels, clock, repeats=2, cfg=timing.TimingConfig(
+            min_unit_us=100), cublas=FakeKernel(clock, 12.0, "cublas"), device="cpu", l2_bytes=64 * 1024)
+
+
+def test_the_launch_estimate_is_the_best_warm_replay():
+    """A fresh graph's first replay is slow (cold instruction cache, clocks): the estimate that sizes the units
+    skips it and takes the best of 3 more."""
+    clock = VirtualClock()
+    sets = timing.make_input_sets(suites.Shape(64, 32, 48), torch.bfloat16, "cpu", 3)
+    cublas = FakeKernel(clock, 12.0, "cublas")
+
+    def slow_first(n, a, res):    # 120 us the first time, 14 the third, else 12
+        clock.now_ms += {1: 108.0, 3: 2.0}.get(n, 0.0) / 1000
+        return res
+    cold = FakeKernel(clock, 12.0, "cublas", bug=slow_first)
+    cfg = timing.TimingConfig(min_unit_us=100)
+    _, launches, est_us = timing.prepare_units({"cublas": (cublas, sets.out_cublas)}, sets, clock, cfg, cold, False)
+    assert est_us == pytest.approx(12.0) and launches == timing.launch_count(12.0, 3, cfg) == 9
+    assert cold.calls == 4
 
 
 def test_a_compile_error_is_recorded_and_the_run_goes_on():
@@ -681,7 +773,7 @@ class FakePool:
         return out
 
 
-def _fake_sweep(tmp_path, shapes, cfg=None, broken=(), wrong=(), load_fail=(), **kw):
+def _fake_sweep(tmp_path, shapes, cfg=None, broken=(), wrong=(), load_fail=(), bugs=None, **kw):
     clock = VirtualClock()
     made = {}
 
@@ -690,7 +782,8 @@ def _fake_sweep(tmp_path, shapes, cfg=None, broken=(), wrong=(), load_fail=(), *
             raise OSError("corrupt .so")
         # the faster, the wider the tile and the less split-K; one schedule computes garbage
         us = 30.0 - s.tile[1] / 16 + 3 * s.split_k
-        made[s] = FakeKernel(clock, us, s.short(), wrong=s.short() in wrong, schedule=s)
+        made[s] = FakeKernel(clock, us, s.short(), wrong=s.short() in wrong, schedule=s,
+                             bug=(bugs or {}).get(s.short()))
         return made[s]
 
     cfg = cfg or sw.SweepConfig(budget_s=1e6, workers=1, short_max_sets=4,
@@ -827,6 +920,23 @@ def test_cli_show_prints_a_recorded_report_and_replots(tmp_path, capsys):
     assert bench_main(["--show", str(tmp_path / "missing.json")]) == 2
 
 
+def test_sweep_checks_the_timed_launches_of_both_passes(tmp_path):
+    """Right in the eager check, wrong in the short pass's replays: an error, not a time. Right through the
+    short pass (1 check + 4 x 4 launches), wrong later: the careful pass's check catches it."""
+    short_bad, late_bad = "128x64x64_c1x1_coop_sauto_rm_sw1_k1", "128x128x64_c1x1_coop_sauto_rm_sw1_k1"
+    bugs = {short_bad: _stale_after_first, late_bad: lambda n, a, res: res if n <= 17 else None}
+    footer, made, (header, recs) = _fake_sweep(tmp_path, [suites.Shape(64, 64, 64)], bugs=bugs)
+    by = {Schedule.from_dict(r["schedule"]).short(): r for r in recs}
+    assert by[short_bad]["rel_err"] < 1e-2 and by[short_bad]["time_us"] is None
+    assert by[short_bad]["error"].startswith("check: timed launches (slots [0, 3] of 4 checked")
+    assert made[Schedule(tile=(128, 64, 64))].calls == 17                     # never in the careful pass
+    late = by[late_bad]
+    assert late["time_us"] is None and late["time_us_short"] == pytest.approx(25.0) and late["refined"]
+    assert late["error"].startswith("check (careful pass): timed launches") and "relative Frobenius error nan" in \
+        late["error"]
+    assert "within gemmc.reference's bound" in header["method"]["text"]
+
+
 def test_sweep_records_a_kernel_that_fails_to_load(tmp_path):
     name = "128x128x64_c1x1_coop_sauto_rm_sw1_k1"
     footer, _, (header, recs) = _fake_sweep(tmp_path, [suites.Shape(64, 64, 64)], load_fail=(name,))
@@ -860,7 +970,8 @@ def test_aa_check_times_cublas_against_itself_and_reports_the_noise_floor():
     assert r["cublas_aa_us"]["n"] == 4
     # interleaved: every repeat runs the three sides, in alternating order
     timed = [name for name in log if name in ("gemmc", "cublas")]
-    assert timed.count("cublas") > 2 * timed.count("gemmc") - 4
+    verify = sum(r["launches"] for r in results)   # gemmc's graph replayed onto NaN after timing (A/A wrote there)
+    assert timed.count("cublas") > 2 * (timed.count("gemmc") - verify) - 4
     rep = make_report(results, suite="test", policy="heuristic", dtype="bf16", arch="sm_90a", cfg=cfg,
                       environment={})
     assert rep["aa_summary"]["geomean"] == pytest.approx(1.0) and rep["aa_summary"]["n_ok"] == 2

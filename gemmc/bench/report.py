@@ -92,8 +92,10 @@ def method_of(cfg) -> dict:
             f"alternating); input sets rotated through >= {cfg.l2_factor:g}x L2 (capped at {cfg.max_sets} sets); "
             f"randn inputs (seed {cfg.seed}); {cfg.warmup} warm-up + {cfg.repeats} timed units per side; median "
             f"and IQR/min/max per call. Every gemmc result is checked before timing: output NaN-filled, relative "
-            f"Frobenius error vs an fp32 product of the upcast inputs < {cfg.tolerance:g}; a failing shape is "
-            "reported, not timed. ratio = median over the repeats of cuBLAS time / gemmc time, the two of a repeat "
+            f"Frobenius error vs an fp32 product of the upcast inputs < {cfg.tolerance:g} (for plain GEMMs with "
+            "16-bit outputs also <= 2x cuBLAS's own + 1e-4), and every element within its error bound (`elem_err` "
+            "<= 1: accumulation and output rounding); a failing shape is reported, not timed. The timed graph "
+            "launches are checked the same way after timing (their outputs NaN-filled before the first replay). ratio = median over the repeats of cuBLAS time / gemmc time, the two of a repeat "
             "timed back to back (> 1: gemmc faster); `ratio_of_medians` and each side's `drift` (max/min - 1 of "
             "its samples: a clock step shows there) are kept too.")
     if getattr(cfg, "settle_s", 0) > 0:

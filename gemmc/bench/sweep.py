@@ -5,11 +5,13 @@ Plan (fits a few minutes of one H200):
      validity predicate); their union is compiled ONCE each, on the symbolic spec, in parallel
      worker processes (compile_pool) -- M, N, K are runtime values, so one kernel serves every shape;
   2. meanwhile the parent times cuBLAS once per shape, to size the graphs and predict the cost;
-  3. shapes run cheapest first. Per shape: inputs and the fp32 reference are made once; every
-     schedule is checked (NaN-filled output) and then timed in a short pass (a small graph
-     replayed a few times; one eager call for kernels of a millisecond or more); the top few are
+  3. shapes run cheapest first. Per shape: inputs and the fp32 references are made once; every
+     schedule is checked (NaN-filled output, timing.check_failure) and then timed in a short pass
+     (a small graph replayed a few times; one eager call for kernels of a millisecond or more) whose
+     own outputs, NaN-filled before the first replay, are checked after it; the top few are
      re-measured carefully, interleaved with cuBLAS, through inputs rotated over >= 2x L2 (the
-     bench's rules); the shape's records are written and flushed;
+     bench's rules), and each one's timed graph is replayed once more onto NaN and checked; the
+     shape's records are written and flushed;
   4. a shape predicted not to fit the remaining budget is skipped; the file is always closed with
      a footer saying what was done. A watchdog ends a hung run, leaving the flushed shapes.
 """
@@ -31,8 +33,8 @@ from ..schedule import MODES, RASTERS, Schedule, ScheduleSpace, enumerate_schedu
 from ..spec import GemmSpec
 from .dataset import DatasetWriter
 from .suites import Shape, cuda_l2, dedupe, llm, square
-from .timing import (CudaClock, TimingConfig, check_output, cublas_matmul, input_set_count, l2_bytes_of,
-                     launch_count, make_input_sets, reference, spin_up, time_interleaved, unit_calls)
+from .timing import (Checker, CudaClock, TimingConfig, cublas_matmul, input_set_count, l2_bytes_of, launch_count,
+                     make_input_sets, nan_fill, spin_up, time_interleaved, unit_calls)
 
 SWEEP_SPACE = ScheduleSpace(tile_m=(64, 128, 256), tile_n=(64, 128, 192, 256), tile_k=(64,),
                             clusters=((1, 1), (2, 1), (1, 2)), modes=MODES, rasters=RASTERS, swizzles=(1, 8),
@@ -52,7 +54,7 @@ class SweepConfig:
     top: int = 3                    # re-measured carefully per shape
     refine: TimingConfig = field(default_factory=lambda: TimingConfig(repeats=5, warmup=1, min_unit_us=1000,
                                                                       max_launches=200, max_sets=4096))
-    tolerance: float = 1e-2
+    tolerance: float = 1e-2         # cap on the relative Frobenius error (timing.check_failure)
     seed: int = 0
     dtype: str = "bf16"
     arch: str = "sm_90a"
@@ -153,6 +155,15 @@ def _median_us(samples_ms: list, launches: int) -> float:
     return 1000 * statistics.median(samples_ms) / launches
 
 
+def _worst_of(x: Optional[float], y: float) -> float:
+    return y if x is None or math.isnan(y) else (x if math.isnan(x) else max(x, y))
+
+
+def _sig3(x: float) -> float:
+    """3 significant digits: a figure checked against 1 needs no more, and the dataset stays small."""
+    return float(f"{x:.3g}")
+
+
 def measure_shape(shape: Shape, schedules: Sequence[Schedule], kernels: dict, compile_info: dict, t_est_us: float,
                   cfg: SweepConfig, *, device, tdtype, elem: int, l2: int, graph_clock, eager_clock,
                   cublas: Callable = cublas_matmul, beat: Callable = lambda what: None) -> tuple[list, dict]:
@@ -161,7 +172,7 @@ def measure_shape(shape: Shape, schedules: Sequence[Schedule], kernels: dict, co
     n_full = input_set_count(shape, elem, l2, cfg.refine.l2_factor, cfg.refine.max_sets)
     sets = make_input_sets(shape, tdtype, device, n_full, cfg.seed)
     a0, b0, out0 = sets.a[0], sets.b[0], sets.out_gemmc[0]
-    ref = reference(a0, b0)
+    checker = Checker(sets, cublas, cfg.tolerance)   # references per input set, made once for every schedule
     n_short = min(sets.n, cfg.short_max_sets)
     eager = t_est_us >= cfg.eager_above_us
     launches = short_launches(t_est_us, n_short, cfg)
@@ -171,7 +182,7 @@ def measure_shape(shape: Shape, schedules: Sequence[Schedule], kernels: dict, co
     for s in schedules:
         info = compile_info.get(s) or {}
         rec = {**base, "schedule": s.to_dict(), "time_us": None, "error": None, "cublas_us": None,
-               "compile_s": info.get("compile_s"), "rel_err": None, "refined": False}
+               "compile_s": info.get("compile_s"), "rel_err": None, "elem_err": None, "refined": False}
         recs[s] = rec
         k = kernels.get(s)
         if k is None:
@@ -183,26 +194,35 @@ def measure_shape(shape: Shape, schedules: Sequence[Schedule], kernels: dict, co
             continue
         beat(f"{shape} {s.short()}")
         try:
-            rec["rel_err"] = check_output(k, a0, b0, out0, ref)
-            if not rec["rel_err"] < cfg.tolerance:
-                rec["error"] = f"check: relative Frobenius error {rec['rel_err']:.3g} >= {cfg.tolerance:g}"
+            first = checker.call(k)
+            rec["rel_err"], rec["elem_err"] = first["rel_err"], _sig3(first["elem_err"])
+            if first["error"]:
+                rec["error"] = "check: " + first["error"]
                 continue
             if eager:
                 unit = eager_clock.prepare([partial(k, a0, b0, out=out0)])
-                rec["time_us"] = 1000 * eager_clock.time_ms(unit)
+                nan_fill(sets, 1)
+                t_us = 1000 * eager_clock.time_ms(unit)
+                post = checker.slots(1, 1)
             else:
                 calls = [partial(k, sets.a[i % n_short], sets.b[i % n_short], out=sets.out_gemmc[i % n_short])
                          for i in range(launches)]
                 unit = graph_clock.prepare(calls)
+                nan_fill(sets, n_short)   # after the capture's eager warm-up call: the replays must write them
                 graph_clock.time_ms(unit)  # warm-up replay
-                rec["time_us"] = _median_us([graph_clock.time_ms(unit) for _ in range(cfg.short_repeats)], launches)
+                t_us = _median_us([graph_clock.time_ms(unit) for _ in range(cfg.short_repeats)], launches)
+                post = checker.slots(launches, n_short)
             del unit
+            rec["timed_elem_err"] = _sig3(post["timed_elem_err"])
+            if post["error"]:
+                rec["error"] = "check: " + post["error"]
+                continue
+            rec["time_us"] = t_us
         except Exception as e:  # noqa: BLE001  recorded per point
             rec["error"] = f"run: {type(e).__name__}: {str(e)[:500]}"
             rec["time_us"] = None
             if not _cuda_healthy():
                 broken = True
-    del ref
 
     # careful pass: the top few and cuBLAS, interleaved, inputs rotated over >= 2x L2
     timed = sorted((r["time_us"], i, s) for i, (s, r) in enumerate(recs.items()) if r["time_us"] is not None)
@@ -222,6 +242,12 @@ def measure_shape(shape: Shape, schedules: Sequence[Schedule], kernels: dict, co
             for s in top:
                 r = recs[s]
                 r["time_us_short"], r["time_us"], r["refined"] = r["time_us"], _median_us(ms[s], lr), True
+                nan_fill(sets)     # the top schedules share the output slots: replay each timed graph onto NaN
+                units[s]()
+                post = checker.slots(lr)
+                r["timed_elem_err"] = _sig3(_worst_of(r.get("timed_elem_err"), post["timed_elem_err"]))
+                if post["error"]:
+                    r["error"], r["time_us"] = "check (careful pass): " + post["error"], None
             del units
         except Exception as e:  # noqa: BLE001  the short-pass numbers stand
             summary["refine_error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -229,9 +255,10 @@ def measure_shape(shape: Shape, schedules: Sequence[Schedule], kernels: dict, co
     for r in recs.values():
         r["cublas_us"] = cublas_us
     best = min((r for r in recs.values() if r["time_us"] is not None), key=lambda r: r["time_us"], default=None)
-    summary.update(cublas_us=cublas_us, best_us=best and best["time_us"],
+    summary.update(ok=sum(r["time_us"] is not None for r in recs.values()), cublas_us=cublas_us,
+                   best_us=best and best["time_us"],
                    best=best and Schedule.from_dict(best["schedule"]).short())
-    del sets
+    del sets, checker
     return list(recs.values()), summary
 
 
@@ -380,12 +407,15 @@ def run_sweep(shapes: Sequence[Shape], cfg: SweepConfig, out_path, *, space: Sch
 METHOD_TEXT = (
     "Every valid schedule (gemmc.schedule.enumerate_schedules over header.space) per shape; each schedule "
     "compiled once on the symbolic spec (M, N, K runtime) through gemmc.compile in parallel workers. Per shape: "
-    "randn inputs; each point checked first (output NaN-filled, relative Frobenius error vs fp32 reference < "
-    "tolerance), then a short pass: a CUDA graph of `launches` calls over up to short_max_sets input sets, one "
-    "warm-up replay, median of short_repeats replays (kernels >= eager_above_us: one eager call between CUDA "
-    "events). The top `top` per shape are re-measured with cuBLAS (torch.matmul), interleaved, CUDA graphs over "
-    "input sets rotated through >= 2x L2, median of refine.repeats (time_us; the short value is time_us_short). "
-    "cublas_us is that careful cuBLAS median for the shape.")
+    "randn inputs; each point checked first (output NaN-filled; against the fp32 reference: relative Frobenius "
+    "error <= 2 x cuBLAS's on the same inputs + 1e-4 and < tolerance, and every element within gemmc.reference's "
+    "bound, elem_err <= 1), then a short pass: a CUDA graph of `launches` calls over up to short_max_sets input "
+    "sets, one warm-up replay, median of short_repeats replays (kernels >= eager_above_us: one eager call between "
+    "CUDA events); the timed launches' own outputs, NaN-filled before the first replay, are checked the same way "
+    "after it (a failure is an error, not a time). The top `top` per shape are re-measured with cuBLAS "
+    "(torch.matmul), interleaved, CUDA graphs over input sets rotated through >= 2x L2, median of refine.repeats "
+    "(time_us; the short value is time_us_short), and each one's timed graph is replayed once more onto NaN and "
+    "checked. cublas_us is that careful cuBLAS median for the shape.")
 
 
 def default_out_path(gpu_name: Optional[str] = None) -> str:
