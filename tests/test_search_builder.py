@@ -77,11 +77,14 @@ def test_runner_checks_and_times_on_the_gpu():
 def test_runner_stores_the_cublas_time_paired_with_its_gemmc_time(monkeypatch):
     """The DB verdict is cublas_us / time_us: the Runner stores cublas_us = gemmc median x the bench's
     per-repeat (drift-proof) ratio, not the cuBLAS median, which a clock step can shift alone."""
+    import torch
+
     import gemmc.bench.timing as timing
     rec = {"status": "ok", "gemmc_us": {"median": 100.0}, "cublas_us": {"median": 90.0}, "ratio": 1.05}
     monkeypatch.setattr(timing, "bench_shape", lambda *a, **k: rec)
     monkeypatch.setattr(timing, "spin_up", lambda *a, **k: None)
     monkeypatch.setattr(gemmc, "compile", lambda *a, **k: object())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)    # a healthy GPU, without one
     runner = Runner()
     monkeypatch.setattr(runner, "_inputs", lambda spec: (None, None))
     m = runner.measure(gemmc.GemmSpec(m=4096, n=4096, k=4096), gemmc.Schedule(), "sm_90a")

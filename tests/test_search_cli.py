@@ -137,9 +137,12 @@ def test_tune_fresh_reaches_tune_shapes(tmp_path, monkeypatch):
 class _InlineBuilder:
     """Builder stand-in without processes (the real one is tested in test_search_builder)."""
 
-    def build(self, spec, schedules, arch):
+    def build(self, spec, schedules, arch, on_result=None):
         from gemmc.search.builder import BuildResult
-        return [BuildResult(s, s.split_k != 4, 0.1, None if s.split_k != 4 else "compile: no") for s in schedules]
+        out = [BuildResult(s, s.split_k != 4, 0.1, None if s.split_k != 4 else "compile: no") for s in schedules]
+        for r in out if on_result else ():
+            on_result(r)
+        return out
 
 
 class _FakeRunner:

@@ -4,11 +4,14 @@ Each worker calls the public `gemmc.compile` and forces the build, which publish
 the shared disk cache (GEMMC_CACHE_DIR). The parent later makes the same `gemmc.compile` call and
 gets a cache hit. The sweep compiles each schedule once on the fully symbolic spec (M, N, K
 named), so one kernel serves every shape; the bench prebuilds its shapes' kernels the same way. Workers are spawned (never forked from a process holding CUDA) and
-terminated at the deadline; unfinished compiles are reported as such.
+terminated at the deadline; unfinished compiles are reported as such. A worker that dies mid-job (a
+segfault or an out-of-memory kill in the compiler) is noticed within a poll interval: its job is
+reported as crashed, and the pool's replacement worker goes on with the rest.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 from functools import partial
 from typing import Callable, Iterable, Optional
@@ -60,6 +63,36 @@ def warm_worker() -> None:
         pass
 
 
+_started = None    # in a worker: the queue that tells the parent which job this process is on
+
+
+def _init_worker(started, warm: bool) -> None:
+    global _started
+    _started = started
+    if warm:
+        warm_worker()
+
+
+def _tracked(worker: Callable, job: dict, **kw) -> dict:
+    """Runs `worker` on `job` in a pool process, telling the parent first (a SimpleQueue write is done when
+    put returns, so the parent learns of the job even if the process dies the next instant)."""
+    _started.put((os.getpid(), _key(job), time.time()))
+    return worker(job, **kw)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)       # signal 0 only asks; fails once the pool has reaped the dead worker
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # the pid was reused by another user's process: ours is gone
+        return False
+    return True
+
+
+POLL_S = 0.25     # how often collect looks for a dead worker while it waits
+
+
 def _key(sched: dict) -> str:
     import json
     return json.dumps(sched, sort_keys=True)
@@ -78,33 +111,67 @@ class CompilePool:
         if not self.jobs:
             return
         ctx = mp.get_context("spawn")
-        self._pool = ctx.Pool(max(1, min(workers, len(self.jobs))),
-                              initializer=warm_worker if worker is compile_worker else None)
-        self._it = self._pool.imap_unordered(partial(worker, dtype=dtype, arch=arch), self.jobs, chunksize=1)
+        self._started = ctx.SimpleQueue()
+        self._on: dict[int, tuple[str, float]] = {}      # worker pid -> (its job's key, time.time() at its start)
+        self._dead: dict[int, float] = {}                # worker pid -> time.time() when it was first seen dead
+        self._pool = ctx.Pool(max(1, min(workers, len(self.jobs))), initializer=_init_worker,
+                              initargs=(self._started, worker is compile_worker))
+        self._it = self._pool.imap_unordered(partial(_tracked, worker, dtype=dtype, arch=arch), self.jobs,
+                                             chunksize=1)
 
     def collect(self, deadline: float, on_result: Optional[Callable[[dict], None]] = None) -> dict[str, dict]:
         """Results keyed by the schedule's canonical JSON; those not done by `deadline`
-        (a time.perf_counter() value) get ok=False, error 'not compiled ...'."""
+        (a time.perf_counter() value) get ok=False, error 'not compiled ...'; a job whose worker
+        died gets ok=False, error 'compile worker crashed ...' as soon as that is seen."""
+        by_key = {_key(j): j for j in self.jobs}
         try:
-            while self._it is not None and len(self.results) < len(self.jobs):
+            while self._it is not None and len(self.results) < len(by_key):
                 left = deadline - time.perf_counter()
                 if left <= 0:
                     break
                 try:
-                    r = self._it.next(timeout=left)
+                    self._add(self._it.next(timeout=min(left, POLL_S)), on_result)
                 except mp.TimeoutError:
-                    break
+                    pass
                 except StopIteration:
                     break
-                self.results[_key(r["job"])] = r
-                if on_result:
-                    on_result(r)
+                # a dead worker's job never comes back through the pool (its replacement takes the next job)
+                for r in self._crashed(by_key):
+                    self._add(r, on_result)
         finally:
             self.close()
         for s in self.jobs:
             self.results.setdefault(_key(s), {"job": s, "ok": False, "compile_s": None,
                                               "error": "not compiled within the compile budget"})
         return self.results
+
+    def _add(self, r: dict, on_result) -> None:
+        if _key(r["job"]) in self.results:
+            return
+        self.results[_key(r["job"])] = r
+        if on_result:
+            on_result(r)
+
+    def _crashed(self, by_key: dict) -> list[dict]:
+        """Results for the jobs whose worker process has died before returning."""
+        while not self._started.empty():
+            pid, key, t0 = self._started.get()
+            self._on[pid] = (key, t0)
+        out = []
+        now = time.time()
+        for pid, (key, t0) in list(self._on.items()):
+            if key in self.results:
+                del self._on[pid]
+            elif not _alive(pid):
+                # a worker can die just after sending its result (killed while idle): give that result a
+                # poll interval to come through the pool before the job counts as crashed
+                if now - self._dead.setdefault(pid, now) < POLL_S:
+                    continue
+                del self._on[pid]
+                out.append({"job": by_key[key], "ok": False, "compile_s": now - t0,
+                            "error": f"compile worker crashed: its process ({pid}) died while compiling this job "
+                                     f"(a segfault, an out-of-memory kill or an exit in the compiler)"})
+        return out
 
     @property
     def wall_s(self) -> float:

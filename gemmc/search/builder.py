@@ -4,19 +4,27 @@ Each job calls the injected compile function (default: `gemmc.compile(spec, sche
 arch=...).build()`, which publishes the kernel into the disk cache the Runner then hits). At most
 `workers` jobs run at once, so a job's clock starts when it is submitted; one that passes
 `timeout_s` is recorded as a timeout, its pool is torn down (a hung compile cannot be cancelled
-any other way) and the other in-flight jobs are resubmitted to a fresh pool. Failures never stop
-the batch: they come back as `BuildResult(ok=False, error=...)` and the search skips them.
+any other way) and the other in-flight jobs are resubmitted to a fresh pool. A job whose worker
+process dies (a segfault or an out-of-memory kill in the compiler) breaks the whole pool, and the
+pool cannot say which job did it: the jobs in flight are resubmitted to a fresh pool one at a time,
+so the one that crashes again alone is recorded as crashed and the others build. Failures never stop
+the batch: they come back as `BuildResult(ok=False, error=...)` and the search skips them (the tune
+stores them, so a resumed run does not propose them again).
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from ..schedule import Schedule
 from ..spec import GemmSpec
+
+CRASHED = ("compile worker crashed: its process died while compiling this schedule, alone in the pool (a "
+           "segfault, an out-of-memory kill or an exit in the compiler); the search skips it")
 
 
 @dataclass(frozen=True)
@@ -88,9 +96,10 @@ class Builder:
 
     def build(self, spec: GemmSpec, schedules: Sequence[Schedule], arch: str,
               on_result: Optional[Callable[[BuildResult], None]] = None) -> list[BuildResult]:
-        """One BuildResult per schedule, in the order given."""
+        """One BuildResult per schedule, in the order given; on_result(r) as each one finishes."""
         results: dict[int, BuildResult] = {}
         queue = list(range(len(schedules)))
+        suspects: list[int] = []      # in flight when a worker crashed: they run one at a time until it is placed
         running: dict = {}            # future -> (index, submit time)
         if self._pool is None:
             self._pool = self._new_pool()
@@ -100,20 +109,51 @@ class Builder:
             if on_result:
                 on_result(r)
 
-        while queue or running:
-            while queue and len(running) < self.workers:
-                i = queue.pop(0)
-                fut = self._pool.submit(_job, self.compile_fn, spec, schedules[i], arch)
-                running[fut] = (i, time.perf_counter())
+        def crashed():
+            """The pool broke: keep what finished, blame a job that ran alone, else isolate the jobs in flight."""
+            now = time.perf_counter()
+            lost = []
+            for f, (i, t) in running.items():
+                if f.done() and not f.cancelled() and f.exception() is None:
+                    ok, secs, err, art = f.result()
+                    finish(i, BuildResult(schedules[i], ok, secs, err, art))
+                else:
+                    lost.append((i, t))
+            running.clear()
+            self._kill_pool()
+            self._pool = self._new_pool()
+            if len(lost) == 1:
+                i, t = lost[0]
+                finish(i, BuildResult(schedules[i], False, now - t, CRASHED))
+            else:
+                suspects[:0] = [i for i, _ in lost]
+
+        while queue or suspects or running:
+            broken = False
+            # while suspects remain, one job at a time: the next crash then names its job
+            while (not running and suspects) or (not suspects and queue and len(running) < self.workers):
+                src = suspects or queue
+                try:
+                    fut = self._pool.submit(_job, self.compile_fn, spec, schedules[src[0]], arch)
+                except BrokenProcessPool:      # a worker died since the last wait
+                    broken = True
+                    break
+                running[fut] = (src.pop(0), time.perf_counter())
+            if broken:
+                crashed()
+                continue
             now = time.perf_counter()
             next_deadline = min(t + self.timeout_s for _, t in running.values())
             done, _ = wait(list(running), timeout=max(0.0, next_deadline - now), return_when=FIRST_COMPLETED)
+            if any(not f.cancelled() and isinstance(f.exception(), BrokenProcessPool) for f in done):
+                crashed()
+                continue
             for fut in done:
-                i, _ = running.pop(fut)
+                i, t = running.pop(fut)
                 try:
                     ok, secs, err, art = fut.result()
-                except Exception as e:  # the worker process died (segfault, OOM kill)
-                    ok, secs, err, art = False, time.perf_counter() - _, f"compile worker died: {e}", None
+                except Exception as e:  # the result could not come back (e.g. an unpicklable artifact)
+                    ok, secs, err, art = False, time.perf_counter() - t, f"compile worker failed: {e}", None
                 finish(i, BuildResult(schedules[i], ok, secs, err, art))
             now = time.perf_counter()
             late = [(f, i, t) for f, (i, t) in running.items() if now - t >= self.timeout_s]

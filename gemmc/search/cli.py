@@ -238,11 +238,15 @@ def _geomean_line(sps: list[float], what: str) -> str:
             f"{_geomean([max(1.0, s) for s in sps]):.3f}x")
 
 
-def _nothing_tuned(db) -> str:
-    """Why the report is empty: no measurement yet, or only failed ones (and the commonest error)."""
+def _nothing_tuned(db, disqualified) -> str:
+    """Why the report is empty: no measurement yet, only failed ones (and the commonest error), or only
+    disqualified schedules (listed after it)."""
     n = db.count()
     if not n:
         return f"{db.path}: nothing tuned yet (gemmc-search tune ...)"
+    if any(d.n_ok for d in disqualified):
+        return (f"{db.path}: nothing tuned yet: {n} measurement{'s' if n > 1 else ''}, and every schedule that ran "
+                f"was disqualified (below)")
     fails = db.failures()
     line = f"{db.path}: nothing tuned yet: {n} measurement{'s' if n > 1 else ''}, none successful"
     if fails:
@@ -252,18 +256,55 @@ def _nothing_tuned(db) -> str:
     return line + "; `gemmc-search export FILE` writes every row with its error"
 
 
+def _problem_id(fields: dict, gpu: str) -> tuple:
+    return json.dumps(fields, sort_keys=True), gpu
+
+
+def _shape_text(f: dict) -> str:
+    return f"{f['m']}x{f['n']}x{f['k']}" + (f" L{f['batch']}" if f['batch'] else "")
+
+
+DISQUALIFIED_SHOWN = 20      # the report lists this many disqualified schedules; export has every row
+
+
+def _print_disqualified(disqualified) -> None:
+    """Which schedules failed their correctness check, so that no pick can be one of them, and why."""
+    from .db import CHECK_FAILED
+    if not disqualified:
+        return
+    n = len(disqualified)
+    print(f"{n} schedule{'s' if n > 1 else ''} disqualified: {'they' if n > 1 else 'it'} failed the correctness "
+          f"check (output against the fp32 reference) at the newest gemmc that measured "
+          f"{'them' if n > 1 else 'it'}, so {'they' if n > 1 else 'it'} cannot be picked whatever the times:")
+    for d in disqualified[:DISQUALIFIED_SHOWN]:
+        passed = f", though it passed {d.n_ok} time{'s' if d.n_ok > 1 else ''}" if d.n_ok else ""
+        why = d.error[len(CHECK_FAILED):].strip().splitlines()[0][:200] if d.error.strip() else "(no message)"
+        print(f"  {_shape_text(d.fields)} {d.fields['dtype']} {d.gpu_name}: {d.schedule.short()}: "
+              f"{d.n_failed} failed check{'s' if d.n_failed > 1 else ''} (gemmc {d.version}){passed}: {why}")
+    if n > DISQUALIFIED_SHOWN:
+        print(f"  ... and {n - DISQUALIFIED_SHOWN} more (`gemmc-search export FILE` writes every row with its error)")
+
+
 def cmd_report(args) -> int:
     with _existing_db(args) as db:
         rows = db.best_all()
+        disqualified = db.disqualified()
         if args.json:
+            out = {}
+            for d in disqualified:
+                out.setdefault(_problem_id(d.fields, d.gpu_name), []).append(
+                    {"schedule": d.schedule.to_dict(), "error": d.error, "gemmc_version": d.version,
+                     "failed_checks": d.n_failed, "ok_rows": d.n_ok})
             print(json.dumps([{**e.fields, "gpu": e.gpu_name, "schedule": e.schedule.to_dict(), "time_us": e.time_us,
                                "cublas_us": e.cublas_us, "speedup": e.speedup, "paired": e.cublas_us is not None,
                                "rows": e.n_rows, "measured": e.n_measured, "gemmc_version": e.version,
-                               "stale": e.stale, "timing": "sustained" if e.own_clock else "interleaved"}
+                               "stale": e.stale, "timing": "sustained" if e.own_clock else "interleaved",
+                               "disqualified": out.get(_problem_id(e.fields, e.gpu_name), [])}
                               for e in rows]))
             return 0
         if not rows:
-            print(_nothing_tuned(db))
+            print(_nothing_tuned(db, disqualified))
+            _print_disqualified(disqualified)
             return 0
         count = db.count()
     print(f"{db.path}: {count} measurements, {len(rows)} tuned problems")
@@ -275,8 +316,7 @@ def cmd_report(args) -> int:
         f = e.fields
         sp = f"{e.speedup:.3f}" if e.speedup else "-"
         cub = f"{e.cublas_us:.2f}" if e.cublas_us else "-"
-        shape = f"{f['m']}x{f['n']}x{f['k']}" + (f" L{f['batch']}" if f['batch'] else "")
-        print(f"{shape:>20} {f['dtype']:>5} {f['epilogue_class'][:10]:>10} {f['arch']:>6} {e.gpu_name:<{gw}} "
+        print(f"{_shape_text(f):>20} {f['dtype']:>5} {f['epilogue_class'][:10]:>10} {f['arch']:>6} {e.gpu_name:<{gw}} "
               f"{e.time_us:10.2f} {cub:>10} {sp:>8} {e.n_rows:4d} {e.n_measured:4d}  {e.schedule.short()}"
               + (f"  (gemmc {e.version})" if e.stale else "") + ("  [own clock]" if e.own_clock else ""))
     # one geomean per GPU: speedups measured on different GPUs do not average into anything
@@ -291,6 +331,7 @@ def cmd_report(args) -> int:
     if stale:
         print(f"{len(stale)} of the picks rest on measurements of an older gemmc (marked), whose kernels may have "
               f"run at another speed: `gemmc-search tune --budget 1` re-measures them with gemmc {__version__}.")
+    _print_disqualified(disqualified)
     return 0
 
 
@@ -364,13 +405,30 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
 
 
 def _build_and_measure(schedules, spec, kspec, arch, builder, runner, db, gpu_name, label, bar) -> list:
+    from .runner import GpuLostError
     from .strategy import Measurement
+    shape, n, built = f"{spec.m}x{spec.n}x{spec.k}", len(schedules), 0
+
+    def compiled(_):          # a long compile batch shows its progress, not a frozen bar
+        nonlocal built
+        built += 1
+        bar.set_postfix_str(f"{shape} {label}: compiled {built}/{n}")
+
+    bar.set_postfix_str(f"{shape} {label}: compiling {n}")
     out = []
-    for b in builder.build(kspec, schedules, arch):
+    for b in builder.build(kspec, schedules, arch, on_result=compiled):
         if not b.ok:
             m = Measurement(b.schedule, None, b.error, compile_s=b.compile_s)
         else:
-            r = runner.measure(spec, b.schedule, arch, kspec)
+            bar.set_postfix_str(f"{shape} {label}: measuring")
+            try:
+                r = runner.measure(spec, b.schedule, arch, kspec)
+            except GpuLostError as e:
+                # the schedule that broke the GPU is stored; those after it stay unmeasured, for a resume
+                if e.measurement is not None:
+                    db.record(spec, arch, Measurement(b.schedule, None, e.measurement.error, compile_s=b.compile_s),
+                              gpu_name, label)
+                raise
             m = Measurement(b.schedule, r.time_us, r.error, r.cublas_us, b.compile_s, r.timing)
         db.record(spec, arch, m, gpu_name, label)   # one transaction each
         bar.update(1)
@@ -396,9 +454,7 @@ def _confirm(spec, arch, gpu_name, n, db, bar, evaluate, sustained_only: bool = 
     done = db.confirmed(spec, arch, gpu_name, sustained_only)
     todo = [s for s in top if s not in done]
     bar.update(n - len(todo))        # stored by an earlier run, or fewer than n schedules ran
-    for m in evaluate(todo, CONFIRM) if todo else ():
-        if not m.ok:                  # it passed its check once: worth a look
-            bar.write(f"confirm: {m.schedule.short()} failed on re-measure: {m.error}", file=sys.stderr)
+    _say_failed(evaluate(todo, CONFIRM) if todo else (), bar)
     tried: dict = {}
     for _ in range(4 * n):            # each row can reorder the top: look again, a bounded number of times
         again = [f.schedule for f in db.ranked_schedules(spec, arch, gpu_name)[:n]
@@ -410,7 +466,19 @@ def _confirm(spec, arch, gpu_name, n, db, bar, evaluate, sustained_only: bool = 
             tried[s] = tried.get(s, 0) + 1
         bar.total += len(again)
         bar.set_postfix_str(f"{spec.m}x{spec.n}x{spec.k} settling the top {n}")
-        evaluate(again, CONFIRM)
+        _say_failed(evaluate(again, CONFIRM), bar)
+
+
+def _say_failed(measurements, bar) -> None:
+    """A schedule that passed its check before and fails on re-measure is worth a look; a failed check
+    disqualifies it (db.failed_check), and the next best takes its place."""
+    from .db import failed_check
+    for m in measurements:
+        if failed_check(m.error):
+            bar.write(f"confirm: {m.schedule.short()} failed its correctness check on re-measure, so it is "
+                      f"disqualified (no longer ranked or picked): {m.error}", file=sys.stderr)
+        elif not m.ok:
+            bar.write(f"confirm: {m.schedule.short()} failed on re-measure: {m.error}", file=sys.stderr)
 
 
 def print_summary(summary) -> None:

@@ -16,6 +16,11 @@ A schedule's figure uses only its rows from the newest gemmc version that measur
 kernels may run at another speed, so its rows supersede the older ones (which stay stored). A figure
 whose rows all predate the running version is `stale`, and `gemmc-search tune --confirm` re-measures it
 when it is among the best.
+
+A schedule whose correctness check failed (`failed_check`) in a row of that newest version is
+disqualified: a kernel that once computed a wrong result cannot be the pick, whatever its times, so it
+leaves the ranking, `best`, the report's picks and the policy's positives (`disqualified` says which and
+why). A compile failure, a compile timeout or a run error says nothing about the results, and does not.
 """
 from __future__ import annotations
 
@@ -121,6 +126,45 @@ def older_than_running(version: str) -> bool:
     return version_key(version) < version_key(__version__)
 
 
+CHECK_FAILED = "check: "   # how the Runner words a failed correctness check (bench status check_failed)
+
+
+def failed_check(error: Optional[str]) -> bool:
+    """Is this stored error a failed correctness check (the kernel ran and its output was wrong against the
+    fp32 reference)? Only the Runner's "check: ..." rows are; "compile: ...", "compile timed out ...",
+    "compile worker ...", "run: ..." and "no time" rows failed before a result could be judged."""
+    return isinstance(error, str) and error.startswith(CHECK_FAILED)
+
+
+def _succeeded(r) -> bool:
+    return r["error"] is None and r["time_us"] is not None and r["time_us"] > 0
+
+
+def _parse(text: str, cache: dict) -> Schedule:
+    if text not in cache:
+        cache[text] = Schedule.from_dict(json.loads(text))
+    return cache[text]
+
+
+def _disqualifying(rows: list) -> dict:
+    """{Schedule: its failed-check row} for the schedules of `rows` that failed their check at the newest
+    gemmc version that measured them (successful rows and failed checks; a newer version's clean rows
+    requalify a schedule, whose kernel may have been fixed)."""
+    parsed: dict[str, Schedule] = {}
+    newest: dict[Schedule, tuple] = {}
+    for r in rows:
+        if _succeeded(r) or failed_check(r["error"]):
+            s = _parse(r["schedule"], parsed)
+            newest[s] = max(newest.get(s, ()), version_key(r["gemmc_version"]))
+    out: dict[Schedule, object] = {}
+    for r in sorted(rows, key=lambda r: r["id"]):
+        if failed_check(r["error"]):
+            s = _parse(r["schedule"], parsed)
+            if version_key(r["gemmc_version"]) == newest[s]:
+                out.setdefault(s, r)      # the first failure at that version says why
+    return out
+
+
 def _geomean(xs: list[float]) -> float:
     # one row stays exact: a single measurement reads back as stored
     return xs[0] if len(xs) == 1 else math.exp(math.fsum(map(math.log, xs)) / len(xs))
@@ -165,22 +209,23 @@ def _timing(r) -> Optional[str]:
 
 
 def schedule_figures(rows: Iterable) -> list[ScheduleFigure]:
-    """Per schedule, from successful rows of ONE problem on ONE GPU (mappings with id, schedule, time_us,
-    cublas_us and gemmc_version): only the rows of the newest version that measured the schedule count.
-    Where the problem has rows timed at their own clock (`timing` SUSTAINED: a long call, each side run
-    alone under the power cap), only those count: interleaved units let a kernel that spends more energy
-    per call borrow the clock cuBLAS's load sets, so their verdict does not hold in a long job."""
+    """Per schedule, from the rows of ONE problem on ONE GPU (mappings with id, schedule, time_us, cublas_us,
+    error and gemmc_version; failed rows are skipped): only the rows of the newest version that measured
+    the schedule count, and a schedule that failed its correctness check at that version has no figure
+    (module docstring). Where the problem has rows timed at their own clock (`timing` SUSTAINED: a long
+    call, each side run alone under the power cap), only those count: interleaved units let a kernel that
+    spends more energy per call borrow the clock cuBLAS's load sets, so their verdict does not hold in a
+    long job."""
     rows = list(rows)
+    out_of_it = _disqualifying(rows)
+    parsed: dict[str, Schedule] = {}
+    rows = [r for r in rows if _succeeded(r) and _parse(r["schedule"], parsed) not in out_of_it]
     own_clock = any(_timing(r) == SUSTAINED for r in rows)
     if own_clock:
         rows = [r for r in rows if _timing(r) == SUSTAINED]
-    parsed: dict[str, Schedule] = {}
     by_schedule: dict[Schedule, list] = {}    # by the Schedule, not its JSON: as `TuningDB.prior` does
     for r in sorted(rows, key=lambda r: r["id"]):
-        if r["time_us"] is not None and r["time_us"] > 0:
-            if r["schedule"] not in parsed:
-                parsed[r["schedule"]] = Schedule.from_dict(json.loads(r["schedule"]))
-            by_schedule.setdefault(parsed[r["schedule"]], []).append(r)
+        by_schedule.setdefault(_parse(r["schedule"], parsed), []).append(r)
     out = []
     for schedule, rs in by_schedule.items():
         version = max((r["gemmc_version"] for r in rs), key=version_key)
@@ -236,6 +281,19 @@ class BestEntry:
     def stale(self) -> bool:
         """The pick rests on rows of an older gemmc (`gemmc-search tune --budget 1` re-measures it)."""
         return older_than_running(self.version)
+
+
+@dataclass(frozen=True)
+class Disqualified:
+    """A schedule of one problem on one GPU left out of the verdict: it failed its correctness check at the
+    newest gemmc version that measured it."""
+    fields: dict
+    gpu_name: str
+    schedule: Schedule
+    error: str              # the first failed check at that version
+    version: str            # that gemmc version
+    n_failed: int           # its failed checks at that version
+    n_ok: int               # its successful rows at that version (timed before or after the failure)
 
 
 _FIELDS = ("m", "n", "k", "batch", "dtype", "out_dtype", "acc_dtype", "a_layout", "b_layout", "epilogue_class",
@@ -374,25 +432,59 @@ class TuningDB:
             out[s] = Measurement(s, r["time_us"], r["error"], r["cublas_us"], r["compile_s"], _timing(r))
         return list(out.values())
 
-    def _ok_rows(self, where: str, args: Iterable) -> list[sqlite3.Row]:
-        return list(self.conn.execute(f"SELECT * FROM measurements WHERE error IS NULL AND time_us IS NOT NULL "
-                                      f"{where} ORDER BY id", list(args)))
+    def _select(self, where: str = "", args: Iterable = ()) -> list[sqlite3.Row]:
+        """The rows `where` (SQL after AND) selects, failed ones too: a failed check disqualifies."""
+        return list(self.conn.execute(f"SELECT * FROM measurements WHERE 1 {where} ORDER BY id", list(args)))
+
+    def _groups(self, where: str = "", args: Iterable = ()) -> dict[tuple, list[sqlite3.Row]]:
+        """{(problem, GPU): its rows} among `_select`'s."""
+        groups: dict[tuple, list[sqlite3.Row]] = {}
+        for r in self._select(where, args):
+            groups.setdefault((r["problem"], r["gpu_name"]), []).append(r)
+        return groups
+
+    @staticmethod
+    def _order(entries: list) -> list:
+        return sorted(entries, key=lambda e: (e.fields["m"], e.fields["n"], e.fields["k"], e.gpu_name,
+                                              json.dumps(e.fields, sort_keys=True)))
 
     def _best_rows(self, where: str = "", args: Iterable = ()) -> list[BestEntry]:
         """One BestEntry per (problem, GPU) among the rows `where` (SQL after AND) selects."""
-        groups: dict[tuple, list[sqlite3.Row]] = {}
-        for r in self._ok_rows(where, args):
-            groups.setdefault((r["problem"], r["gpu_name"]), []).append(r)
         out = []
-        for (_, gpu), rows in groups.items():
+        for (_, gpu), rows in self._groups(where, args).items():
             ranked = rank_by_verdict(schedule_figures(rows), tiebreak=lambda f: f.first_id)
             if not ranked:
                 continue
             top = ranked[0]
             out.append(BestEntry({c: rows[0][c] for c in _FIELDS}, gpu, top.schedule, top.time_us, top.cublas_us,
-                                 len(rows), top.n_rows, top.version, top.own_clock))
-        return sorted(out, key=lambda e: (e.fields["m"], e.fields["n"], e.fields["k"], e.gpu_name,
-                                          json.dumps(e.fields, sort_keys=True)))
+                                 sum(map(_succeeded, rows)), top.n_rows, top.version, top.own_clock))
+        return self._order(out)
+
+    def disqualified(self, spec: Optional[GemmSpec] = None, arch: Optional[str] = None,
+                     gpu_name: Optional[str] = None) -> list[Disqualified]:
+        """The schedules left out of the verdict because they failed their correctness check (module
+        docstring): of the problem `spec` on `arch` when given, else of every problem; on `gpu_name` when
+        given."""
+        where, args = "", []
+        if spec is not None:
+            if arch is None:
+                raise ValueError("disqualified(spec): give the arch the problem was tuned for, e.g. 'sm_90a'")
+            where, args = "AND problem = ?", [problem_key(spec, arch)]
+        elif arch is not None:
+            where, args = "AND arch = ?", [as_arch(arch)]
+        if gpu_name is not None:
+            where += " AND gpu_name = ?"
+            args.append(gpu_name)
+        out = []
+        for (_, gpu), rows in self._groups(where, args).items():
+            parsed: dict[str, Schedule] = {}
+            for schedule, first in _disqualifying(rows).items():
+                at = [r for r in rows if _parse(r["schedule"], parsed) == schedule
+                      and version_key(r["gemmc_version"]) == version_key(first["gemmc_version"])]
+                out.append(Disqualified({c: rows[0][c] for c in _FIELDS}, gpu, schedule, first["error"],
+                                        first["gemmc_version"], sum(failed_check(r["error"]) for r in at),
+                                        sum(map(_succeeded, at))))
+        return self._order(out)
 
     def best(self, spec: GemmSpec, arch: str, gpu_name: Optional[str] = None) -> Optional[BestEntry]:
         """The exact problem's best on `gpu_name`; when None, the best GPU's entry by the same verdict
@@ -413,13 +505,20 @@ class TuningDB:
                          search_only: bool = False) -> list[ScheduleFigure]:
         """The problem's schedules on `gpu_name`, best first by the paired verdict; search_only leaves
         out the confirm rows (what `gemmc-search tune` picks its confirmations from)."""
-        where = "AND problem = ? AND gpu_name = ?" + (" AND strategy IS NOT ?" if search_only else "")
-        args = [problem_key(spec, arch), gpu_name] + ([CONFIRM] if search_only else [])
-        return rank_by_verdict(schedule_figures(self._ok_rows(where, args)), tiebreak=lambda f: f.first_id)
+        rows = self._select("AND problem = ? AND gpu_name = ?", [problem_key(spec, arch), gpu_name])
+        if search_only:
+            # a failed check in a confirm row disqualifies too: the confirmations go to the next best
+            out = _disqualifying(rows)
+            figs = [f for f in schedule_figures([r for r in rows if r["strategy"] != CONFIRM])
+                    if f.schedule not in out]
+        else:
+            figs = schedule_figures(rows)
+        return rank_by_verdict(figs, tiebreak=lambda f: f.first_id)
 
     def confirmed(self, spec: GemmSpec, arch: str, gpu_name: str, sustained_only: bool = False) -> set[Schedule]:
         """Schedules of this problem with a confirm row on `gpu_name` (failed ones too: never retried);
-        sustained_only: a confirm row timed at its own clock, or a failed one."""
+        sustained_only: a confirm row timed at its own clock, or a failed one. A disqualified schedule
+        (`disqualified`) is never among the ones `ranked_schedules` offers for confirmation."""
         rows = self.conn.execute("SELECT DISTINCT schedule FROM measurements WHERE problem = ? AND gpu_name = ? "
                                  "AND strategy = ?" + (_OWN_CLOCK_OR_FAILED if sustained_only else ""),
                                  (problem_key(spec, arch), gpu_name, CONFIRM) + ((SUSTAINED,) if sustained_only else ()))

@@ -4,16 +4,43 @@ Default path (GPU): `gemmc.compile(spec, schedule=s, arch=...)` (a cache hit aft
 then `gemmc.bench.timing.bench_shape`, which checks the output against the fp32 reference before
 timing and times gemmc and cuBLAS interleaved in CUDA graphs over rotated input sets. A failed
 check is an error, never a time. Tests inject `measure_fn` instead.
+
+A measurement that raises is that schedule's error, unless it left the GPU unusable (a sticky CUDA
+error such as an illegal address: every later call in the process fails too). Then the Runner raises
+GpuLostError, so the tune stops instead of storing every later schedule as failed. The GPU is checked
+before each measurement, so such an error is the current schedule's doing; a resumed run (a new
+process, a new CUDA context) goes on after it.
+
+The GPU idles while a batch compiles (up to minutes), and its clocks fall: a measurement that follows a
+pause of more than RESPIN_AFTER_IDLE_S first brings them back (`bench.timing.spin_up`), as the bench's
+sweep does after its compiles.
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, Optional
 
+from ..errors import GemmcError
 from ..schedule import Schedule
 from ..spec import GemmSpec
+from .db import CHECK_FAILED
 from .strategy import SUSTAINED, Measurement
 
 MeasureFn = Callable[[GemmSpec, Schedule, str], Measurement]
+
+# measurements of one batch follow each other within a fraction of a second; a compile batch idles longer
+RESPIN_AFTER_IDLE_S = 1.0
+
+_RESUME = "run the same `gemmc-search tune` command again to resume (a new process gets a working GPU context)"
+
+
+class GpuLostError(GemmcError):
+    """The GPU cannot run anything more in this process (a sticky CUDA error). `measurement`: the failed
+    row of the schedule that caused it, to store; None when the GPU was unusable before it started."""
+
+    def __init__(self, message: str, measurement: Optional[Measurement] = None):
+        super().__init__(message)
+        self.measurement = measurement
 
 
 class Runner:
@@ -23,6 +50,7 @@ class Runner:
         self.device = device
         self._sets = {}
         self._clock = None
+        self._busy_until: Optional[float] = None    # perf_counter() when the last GPU measurement ended
 
     @staticmethod
     def gpu_name() -> str:
@@ -53,6 +81,15 @@ class Runner:
             self._sets[key] = (shape, make_input_sets(shape, torch_dtype(spec.dtype), self.device, n, self.timing.seed))
         return self._sets[key]
 
+    def _gpu_fault(self) -> Optional[str]:
+        """None while the GPU runs work; else the sticky error synchronize raises (it stays for the process)."""
+        import torch
+        try:
+            torch.cuda.synchronize(self.device)
+        except Exception as e:  # noqa: BLE001  torch raises RuntimeError (AcceleratorError in newer ones)
+            return f"{type(e).__name__}: {e}".strip()[:500]
+        return None
+
     def _measure_gpu(self, spec: GemmSpec, schedule: Schedule, arch: str, kernel_spec: GemmSpec) -> Measurement:
         import gemmc
         from ..bench.timing import CudaClock, TimingConfig, bench_shape, spin_up
@@ -63,15 +100,31 @@ class Runner:
             self.timing = TimingConfig()
         if self._clock is None:
             self._clock = CudaClock(graphs=not self.timing.host_timing)
-            spin_up(device=self.device)
+        where = f"{schedule.short()} on {spec.m}x{spec.n}x{spec.k}"
+        fault = self._gpu_fault()
+        if fault is not None:       # not this schedule's doing: it is left unmeasured, and unstored
+            raise GpuLostError(f"the GPU was unusable before measuring {where} ({fault}); nothing more can be "
+                               f"measured in this process, and {schedule.short()} was not stored: {_RESUME}")
         try:
             kernel = gemmc.compile(kernel_spec, schedule=schedule, arch=arch)
             shape, sets = self._inputs(spec)
+            # after a compile batch (or the first time) the clocks are low: bring them back before timing
+            if self._busy_until is None or time.perf_counter() - self._busy_until > RESPIN_AFTER_IDLE_S:
+                spin_up(device=self.device)
             rec = bench_shape(shape, kernel, sets, self._clock, self.timing)
         except Exception as e:
-            return Measurement(schedule, None, f"run: {type(e).__name__}: {e}"[:2000])
+            error = f"run: {type(e).__name__}: {e}"[:2000]
+            fault = self._gpu_fault()
+            if fault is not None:   # the GPU was fine before: this schedule broke it
+                raise GpuLostError(
+                    f"measuring {where} left the GPU unusable ({fault}); {schedule.short()} is stored as failed "
+                    f"and nothing after it was measured: {_RESUME}",
+                    Measurement(schedule, None, f"{error} [it left the GPU unusable: {fault}]"[:2000])) from e
+            return Measurement(schedule, None, error)
+        finally:
+            self._busy_until = time.perf_counter()
         if rec.get("status") != "ok":
-            return Measurement(schedule, None, f"check: {rec.get('error')}")
+            return Measurement(schedule, None, f"{CHECK_FAILED}{rec.get('error')}")   # db.failed_check reads it
         # cublas_us is the cuBLAS time paired with this gemmc time: gemmc median x the median per-repeat
         # ratio, so the DB's cublas_us / time_us is the bench's drift-proof ratio
         gemmc_us = rec["gemmc_us"]["median"]
