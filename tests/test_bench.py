@@ -979,3 +979,25 @@ def test_aa_check_times_cublas_against_itself_and_reports_the_noise_floor():
     plain = make_report(_cpu_bench(lambda c, log, s: FakeKernel(c, 10.0, "gemmc", log))[0], suite="t",
                         policy="heuristic", dtype="bf16", arch="sm_90a", cfg=timing.TimingConfig(), environment={})
     assert "aa_summary" not in plain and "A/A" not in plain["summary_line"]
+
+
+def test_a_shape_whose_compile_worker_crashed_is_not_compiled_again_in_the_bench(monkeypatch):
+    """A compiler crash in a prebuild worker (segfault, OOM kill) would take the bench process down if the
+    measuring loop compiled that shape again: it is recorded as a compile error and the run goes on."""
+    clock = VirtualClock()
+    crashed, fine = SMALL
+    monkeypatch.setattr(timing, "prebuild", lambda shapes, *a, **k: {
+        crashed: {"ok": False, "error": "compile worker crashed: its process (123) died while compiling this job"},
+        fine: {"ok": True, "error": None, "compile_s": 1.0}})
+    compiled = []
+
+    def compile_gemmc(shape, **kw):
+        compiled.append(shape)
+        return FakeKernel(clock, 10.0)
+    monkeypatch.setattr(timing, "compile_gemmc", compile_gemmc)
+    results = timing.run_bench(SMALL, "heuristic", timing.TimingConfig(repeats=3, warmup=1, min_unit_us=100),
+                               device="cpu", cublas=FakeKernel(clock, 12.0, "cublas"), clock=clock,
+                               l2_bytes=64 * 1024, progress=False, compile_workers=2)
+    assert compiled == [fine]
+    assert results[0]["status"] == "compile_error" and "compile worker crashed" in results[0]["error"]
+    assert results[1]["status"] == "ok" and results[1]["compile_s"] == 1.0

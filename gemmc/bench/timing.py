@@ -587,6 +587,11 @@ def run_bench(shapes: Sequence[Shape], policy, cfg: TimingConfig, *, dtype: str 
         bar.set_postfix_str(str(shape))
         rec = {"shape": str(shape), **shape.as_dict(), "flops": shape.flops, "schedule": None,
                "schedule_dict": None, "compile_s": None}
+        crashed = (built.get(shape) or {}).get("error") or ""
+        if crashed.startswith("compile worker crashed"):     # compiling it here would take the bench down too
+            rec.update(status="compile_error", error=crashed)
+            results.append(rec)
+            continue
         try:
             t0 = time.perf_counter()
             kernel = compile_fn(shape)
