@@ -103,6 +103,7 @@ def _is_int(x) -> bool:
 
 
 _F32_MAX = 3.4028234663852886e38
+_F32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103      # from here on, rounding to f32 gives inf
 
 
 def _check_number(x, what: str, fix: str) -> None:
@@ -111,7 +112,7 @@ def _check_number(x, what: str, fix: str) -> None:
         raise SpecError(f"{what} {x!r} is not a number; write {fix} with a python float")
     if not math.isfinite(x):
         raise SpecError(f"{what} {x!r} is not finite; use a finite float")
-    if abs(x) > _F32_MAX:         # the kernel computes in f32: it would become inf there (torch.clamp raises)
+    if abs(x) >= _F32_OVERFLOW:   # the kernel computes in f32: it would become inf there (torch.clamp raises)
         raise SpecError(f"{what} {x!r} is beyond the f32 range (|x| <= {_F32_MAX:.7g}); use a smaller value")
 
 

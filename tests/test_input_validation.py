@@ -152,4 +152,4 @@ def test_epilogue_constants_beyond_f32_are_refused(value):
         gemmc.GemmSpec(epilogue=(EpilogueOp("mul", (Ref.acc(), Ref.const(value))),))
     with pytest.raises(gemmc.SpecError, match="beyond the f32 range"):
         gemmc.GemmSpec(epilogue=(EpilogueOp("clamp", (Ref.acc(),), (("max", value),)),))
-    gemmc.GemmSpec(epilogue=(EpilogueOp("mul", (Ref.acc(), Ref.const(3.4e38))),))     # the largest f32 range is fine
+    gemmc.GemmSpec(epilogue=(EpilogueOp("mul", (Ref.acc(), Ref.const(3.402823466385289e38))),))   # rounds to f32 max
