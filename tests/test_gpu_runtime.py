@@ -243,8 +243,10 @@ def test_host_overhead(toy):
         Path(report).mkdir(parents=True, exist_ok=True)
         (Path(report) / "host_overhead.json").write_text(json.dumps(res, indent=1))
     assert res["launcher_overhead_over_raw"] < 10.0
-    # the cuBLAS route checks its arguments as a kernel does (a few us on a CPU) before torch.matmul
-    assert res["gemmc_cublas_route"] < res["torch_mm_eager"] + 6.0
+    # the cuBLAS route checks its arguments as a kernel does before torch.matmul: its Python glue may cost no
+    # more than the kernel route's own (bounded relative to it, since hosts differ: 4.7 us over torch.mm on one
+    # H200 host, 9.1 us on a slower one whose torch.mm took 19.8 us against 12.1)
+    assert res["gemmc_cublas_route"] - res["torch_mm_eager"] < 1.5 * res["launcher_overhead_over_raw"]
     # Allocating the output: bounded against our own out= call plus a torch.empty of the output, not
     # against torch.mm, whose allocating call read 19.4 us on one H200 host and 12.3-12.7 on two others.
     # Measured: the allocating call costs ~4 us more than out= + torch.empty_like (15.8 vs 9.9 + 1.9 us):
