@@ -408,3 +408,23 @@ def test_the_bar_shows_how_many_of_the_batch_compiled():
     compiled = [p for p in bar.postfix if "compil" in p]
     assert compiled == ["256x1024x512 bayes: compiling 3", "256x1024x512 bayes: compiled 1/3",
                         "256x1024x512 bayes: compiled 2/3", "256x1024x512 bayes: compiled 3/3"]
+
+
+def test_a_host_that_cannot_start_workers_fails_the_build_instead_of_retrying_forever(monkeypatch):
+    """A refused submit means a worker died (the pool is replaced and the job retried), but fresh pools that
+    keep refusing mean the host cannot start processes (limits): the build stops with a BuildError."""
+    from gemmc.errors import BuildError
+    from gemmc.search.builder import Builder
+
+    class RefusingPool:
+        def submit(self, *a, **k):
+            raise OSError("[Errno 24] Too many open files")
+
+        def shutdown(self, *a, **k):
+            pass
+    monkeypatch.setattr(Builder, "_new_pool", lambda self: RefusingPool())
+    monkeypatch.setattr(Builder, "_kill_pool", lambda self: None)
+    cands = SearchProblem.of(SPEC).candidates[:2]
+    with Builder(crashing_compile, workers=2, timeout_s=10.0) as b:
+        with pytest.raises(BuildError, match="cannot start worker processes"):
+            b.build(SPEC, cands, "sm_90a")

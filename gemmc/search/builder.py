@@ -20,6 +20,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from ..errors import BuildError
 from ..schedule import Schedule
 from ..spec import GemmSpec
 
@@ -128,6 +129,7 @@ class Builder:
             else:
                 suspects[:0] = [i for i, _ in lost]
 
+        refused = 0                   # submits refused in a row by fresh pools: the host, not a worker, is failing
         while queue or suspects or running:
             broken = False
             # while suspects remain, one job at a time: the next crash then names its job
@@ -135,9 +137,16 @@ class Builder:
                 src = suspects or queue
                 try:
                     fut = self._pool.submit(_job, self.compile_fn, spec, schedules[src[0]], arch)
-                except BrokenProcessPool:      # a worker died since the last wait
+                # a worker died since the last wait: the pool says so, or (racing its own shutdown) fails to
+                # start a replacement process over its already-closed queue
+                except (BrokenProcessPool, OSError) as e:
+                    refused = refused + 1 if not running else 1
+                    if refused > 3:
+                        raise BuildError(f"the compile pool cannot start worker processes ({e}); check the host's "
+                                         "process and open-file limits, or use fewer workers") from e
                     broken = True
                     break
+                refused = 0
                 running[fut] = (src.pop(0), time.perf_counter())
             if broken:
                 crashed()
