@@ -57,3 +57,22 @@ def mixed_weights(table):
         if won and lost:
             return n, k, won[0], lost[0]
     raise AssertionError("the shipped table has no (N, K) with a kernel at small M and cuBLAS at M 128-256")
+
+
+def not_a_tuning_db(tmp_path):
+    """{kind: path} of files a tuning-DB path could point at by mistake: unreadable bytes, an empty file, a
+    foreign sqlite DB (with tables of gemmc's names but not its columns) and a folder."""
+    import sqlite3
+    corrupt = tmp_path / "corrupt.sqlite"
+    corrupt.write_text("not a database\n" * 100)
+    zero = tmp_path / "zero.sqlite"
+    zero.write_bytes(b"")
+    foreign = tmp_path / "foreign.sqlite"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE measurements (x INTEGER)")
+    conn.execute("CREATE TABLE policies (y INTEGER)")
+    conn.commit()
+    conn.close()
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    return {"corrupt": corrupt, "zero": zero, "foreign": foreign, "folder": folder}

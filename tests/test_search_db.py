@@ -17,6 +17,8 @@ from gemmc.search.db import (CONFIRM, SCHEMA_VERSION, TuningDB, _COLUMNS, defaul
 from gemmc.search.strategy import Measurement, SearchProblem, schedule_key
 from gemmc.spec import EpilogueInput, EpilogueOp, Ref
 
+from conftest import not_a_tuning_db
+
 REPO = Path(__file__).resolve().parents[1]
 SPEC = gemmc.GemmSpec(256, 1024, 512)
 BIG = gemmc.GemmSpec(16384, 8192, 8192)
@@ -381,28 +383,11 @@ def test_own_clock_rows_outrank_interleaved_ones_and_survive_export(tmp_path):
 
 # ---- files that are not a tuning DB, and exports that are not exports -----------------------------
 
-def _not_a_db(tmp_path):
-    """{kind: path} of files a DB path could point at by mistake."""
-    corrupt = tmp_path / "corrupt.sqlite"
-    corrupt.write_text("not a database\n" * 100)
-    zero = tmp_path / "zero.sqlite"
-    zero.write_bytes(b"")
-    foreign = tmp_path / "foreign.sqlite"
-    conn = sqlite3.connect(foreign)
-    conn.execute("CREATE TABLE measurements (x INTEGER)")      # a table of that name, not gemmc's
-    conn.execute("CREATE TABLE policies (y INTEGER)")
-    conn.commit()
-    conn.close()
-    folder = tmp_path / "folder"
-    folder.mkdir()
-    return {"corrupt": corrupt, "zero": zero, "foreign": foreign, "folder": folder}
-
-
 @pytest.mark.parametrize("kind, needle", [("corrupt", "cannot be read as a tuning DB"), ("zero", "it is empty"),
                                           ("foreign", "its measurements table lacks"), ("folder", "is a folder")])
 def test_opening_a_file_that_is_not_a_tuning_db_names_it_and_leaves_it_alone(tmp_path, kind, needle):
     from gemmc.search.db import TuningDBError
-    path = _not_a_db(tmp_path)[kind]
+    path = not_a_tuning_db(tmp_path)[kind]
     before = None if path.is_dir() else path.read_bytes()
     with pytest.raises(TuningDBError, match=needle) as e:
         TuningDB.open_existing(path)
@@ -416,7 +401,7 @@ def test_opening_a_file_that_is_not_a_tuning_db_names_it_and_leaves_it_alone(tmp
 
 def test_a_writer_makes_an_empty_file_a_db_and_a_reader_never_creates_or_writes(tmp_path):
     from gemmc.search.db import TuningDBError
-    zero = _not_a_db(tmp_path)["zero"]
+    zero = not_a_tuning_db(tmp_path)["zero"]
     TuningDB(zero).close()                              # e.g. `touch`ed, or cut off before its schema
     assert TuningDB(zero, create=False).count() == 0
     missing = tmp_path / "no" / "such.sqlite"

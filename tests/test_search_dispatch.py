@@ -9,6 +9,8 @@ from gemmc.search.db import TuningDB
 from gemmc.search.strategy import Measurement, SearchProblem
 from gemmc.spec import EpilogueInput, EpilogueOp, Ref
 
+from conftest import not_a_tuning_db
+
 SPEC = gemmc.GemmSpec(256, 4096, 4096)
 BIAS = gemmc.GemmSpec(256, 4096, 4096, inputs=(EpilogueInput("bias", "row"),),
                       epilogue=(EpilogueOp("add", (Ref.acc(), Ref.input("bias"))),))
@@ -183,23 +185,9 @@ def fresh_warnings(monkeypatch):
     monkeypatch.setattr("gemmc.dispatch._warned", set())
 
 
-def _broken_dbs(tmp_path):
-    import sqlite3
-    corrupt = tmp_path / "corrupt.sqlite"
-    corrupt.write_text("not a database\n" * 100)
-    zero = tmp_path / "zero.sqlite"
-    zero.write_bytes(b"")
-    foreign = tmp_path / "foreign.sqlite"
-    conn = sqlite3.connect(foreign)
-    conn.execute("CREATE TABLE users (name TEXT)")
-    conn.commit()
-    conn.close()
-    return [corrupt, zero, foreign, tmp_path]          # the last: a folder
-
-
 def test_an_unreadable_db_is_skipped_with_one_warning_naming_it(tmp_path, monkeypatch, fresh_warnings):
     import warnings
-    for path in _broken_dbs(tmp_path):
+    for path in not_a_tuning_db(tmp_path).values():
         monkeypatch.setenv("GEMMC_TUNING_DB", str(path))
         before = None if path.is_dir() else path.read_bytes()
         with pytest.warns(UserWarning, match="goes on without the tuning DB") as caught:
@@ -214,8 +202,7 @@ def test_an_unreadable_db_is_skipped_with_one_warning_naming_it(tmp_path, monkey
 
 
 def test_a_compile_with_a_corrupt_db_still_compiles(tmp_path, monkeypatch, fresh_warnings):
-    (tmp_path / "corrupt.sqlite").write_text("not a database\n" * 100)
-    monkeypatch.setenv("GEMMC_TUNING_DB", str(tmp_path / "corrupt.sqlite"))
+    monkeypatch.setenv("GEMMC_TUNING_DB", str(not_a_tuning_db(tmp_path)["corrupt"]))
     with pytest.warns(UserWarning, match="corrupt.sqlite"):
         k = gemmc.compile(gemmc.GemmSpec(4096, 4096, 4096))
     assert k.decision.source == "heuristic"

@@ -43,16 +43,6 @@ def _budgets(text: str) -> list[int]:
     return out
 
 
-def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: use a whole number >= 0 (0 turns it off)")
-    return n
-
-
 def _at_least(low: int, what: str):
     """An argparse type: a whole number >= `low`; the error says what the number counts."""
     def parse(text: str) -> int:
@@ -64,6 +54,9 @@ def _at_least(low: int, what: str):
             raise argparse.ArgumentTypeError(f"{text!r}: use a whole number >= {low} ({what})")
         return n
     return parse
+
+
+_count = _at_least(0, "0 turns it off")
 
 
 def _seconds(text: str) -> float:
