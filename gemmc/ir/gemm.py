@@ -392,8 +392,9 @@ class GemmSignature(IRDLOperation):
             if not isinstance(t, TensorType) or t.layout.data not in INPUT_KINDS:
                 raise VerifyException(f"{where}: epilogue input {arg_name(x)} needs a !gemmc.tensor with layout "
                                       f"one of {INPUT_KINDS}")
-            want = {"scalar": (), "row": (on,), "col": (om,), "full": (om, on)}[t.layout.data]
-            if t.dims[-len(want):] != want if want else t.dims:
+            # a full input is batched as the output is (the spec reads its dims from the problem's)
+            want = {"scalar": (), "row": (on,), "col": (om,), "full": out.dims}[t.layout.data]
+            if t.dims != want:
                 raise VerifyException(f"{where}: {t.layout.data} input {arg_name(x)} must have dims {want}, "
                                       f"got {t.dims}")
         verify_epilogue_region(self.epilogue_region, self.inputs, where)

@@ -5,11 +5,11 @@
     kernel.warpgroup producer index 0 regs 40 warps 4              // assign-warpgroup-roles
     kernel.warpgroup consumer index 1 regs 232 warps 4
     kernel.warpgroup consumer index 2 regs 232 warps 4
-    kernel.mma wgmma inst 64x128x16 atoms 2x1x1 a_from smem
+    kernel.mma wgmma inst 64x128x16 atoms 2x1x1
     kernel.cluster 2x1                                              // tma-cluster-layout
-    kernel.copy a tma box 64x64 swizzle 128 multicast 1 evict_first true
+    kernel.copy a tma box 128x64 swizzle 128 evict_first true
     kernel.copy b tma box 64x64 swizzle 128 multicast 2 along m evict_first true
-    kernel.copy c tma_store box 128x32 swizzle 64 multicast 1
+    kernel.copy c tma_store box 128x32 swizzle 64
     kernel.pipeline stages 6 barriers [full, empty] epi_stages 2 epi_tile 128x32 smem 214016   // pipeline-staging
     kernel.tile_scheduler persistent true raster m swizzle 1 split_k 1 split_k_mode none pdl true pdl_early_ctas 82 pdl_full_ctas 118 pdl_prefetch_k_tiles 2
     kernel.epilogue store tma {
@@ -19,7 +19,8 @@
   }
 
 Every fact op prints as `kernel.<op> <positional values> (<keyword> <value>)*`, from its FIELDS table,
-which also declares its properties.
+which also declares its properties; a field left out of the text holds its default (a_from smem,
+multicast 1, ...).
 """
 from __future__ import annotations
 
@@ -335,9 +336,22 @@ class KernelGemmOp(GemmSignature):
 
     def __init__(self, name: str, a: SSAValue, b: SSAValue, inputs, out_type: TensorType, acc_dtype: str,
                  arch: str, tile, mode: str, threads: int, schedule: ScheduleAttr, body: Region | None = None):
-        props = {"arch": StringAttr(arch), "tile": ints_attr(tile), "mode": StringAttr(mode),
-                 "threads": IntAttr(threads), "schedule": schedule}
+        props = {**self.header_props(arch, tile, mode, threads), "schedule": schedule}
         super().__init__(name, a, b, inputs, out_type, acc_dtype, body or Region(Block()), props)
+
+    @staticmethod
+    def header_props(arch: str, tile, mode: str, threads: int) -> dict:
+        return {"arch": StringAttr(arch), "tile": ints_attr(tile), "mode": StringAttr(mode),
+                "threads": IntAttr(threads)}
+
+    def set_header(self, arch: str, tile, mode: str, threads: int) -> None:
+        """Rewrite arch, tile, mode and threads (assign-warpgroup-roles derives them from the schedule)."""
+        self.properties.update(self.header_props(arch, tile, mode, threads))
+
+    @property
+    def header(self) -> dict:
+        return {"arch": self.arch.data, "tile": ints_value(self.tile), "mode": self.mode.data,
+                "threads": self.threads.data}
 
     # -- facts --------------------------------------------------------------------------
     def ops_of(self, cls) -> list:

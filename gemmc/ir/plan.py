@@ -69,7 +69,8 @@ class TileScheduler:                    # lowering of the schedule (pipeline-sta
     swizzle: int                        # group size along the raster's slow dim
     split_k: int
     # "none" | "serial": a second kernel sums the f32 partials in split order | "fixup" (sm_90a): inside the
-    # GEMM kernel, the last CTA to finish a tile sums them (in split order) and runs the epilogue
+    # GEMM kernel, the last CTA to finish a tile sums them (in split order) and runs the epilogue | "stream"
+    # (sm_90a, split_k 1): stream-K, the last CTA of a split tile sums its partials
     split_k_mode: str = "none"
     pdl: bool = False                   # programmatic dependent launch (griddepcontrol; sm_90a only)
     # PDL: grids of at most pdl_early_ctas CTAs, or of at least pdl_full_ctas (when > 0), let the next

@@ -17,13 +17,20 @@ from xdsl.rewriter import Rewriter
 from ..ir.attrs import ScheduleAttr
 from ..ir.build import find_gemm
 from ..ir.gemm import MatmulOp
-from ..ir.kernel import EpilogueOp, KernelGemmOp, MmaOp, WarpGroupOp
+from ..ir.kernel import (ClusterOp, CopyOp, EpilogueOp, KernelGemmOp, MmaOp, PipelineOp, TileSchedulerOp,
+                         WarpGroupOp)
 from ..schedule import (CONSUMER_REGS, PRODUCER_REGS, Schedule, consumer_warpgroups, sm80_warps, splits_n,
                         threads_per_cta)
 from ..spec import GemmSpec
-from .common import problem_and_schedule
+from .common import layout_schedule
 
 WGMMA_M = 64
+
+
+def kernel_header(s: Schedule) -> dict:
+    """kernel.gemm's arch, tile, mode and threads, all read from the schedule."""
+    return {"arch": s.arch, "tile": s.tile, "mode": s.mode if s.arch == "sm_90a" else "multistage",
+            "threads": threads_per_cta(s)}
 
 
 def roles(s: Schedule, spec: GemmSpec) -> tuple[str, list, MmaOp]:
@@ -55,17 +62,23 @@ class AssignWarpgroupRoles(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         gemm = find_gemm(op)
-        spec, s = problem_and_schedule(gemm, self.name)
-        mode, wgs, mma = roles(s, spec)
+        spec, s = layout_schedule(gemm, self.name)
+        _mode, wgs, mma = roles(s, spec)
+        header = kernel_header(s)
         if isinstance(gemm, MatmulOp):
             body = Block()
             body.add_op(EpilogueOp(gemm.detach_region(gemm.epilogue)))
             kernel = KernelGemmOp(gemm.kernel_name.data, gemm.a, gemm.b, list(gemm.inputs), gemm.out.type,
-                                  gemm.acc_dtype.data, s.arch, s.tile, mode, threads_per_cta(s),
-                                  ScheduleAttr.from_schedule(s), Region(body))
+                                  gemm.acc_dtype.data, **header, schedule=ScheduleAttr.from_schedule(s),
+                                  body=Region(body))
             Rewriter.replace_op(gemm, kernel)
-        else:
+        else:   # rerun on a kernel whose schedule may have been edited: the header follows it too
             kernel = gemm
+            if kernel.header != header:
+                # the later passes' facts were laid out for the old arch/tile/mode: they rerun from the schedule
+                kernel.set_header(**header)
+                kernel.drop_facts(ClusterOp, CopyOp, PipelineOp, TileSchedulerOp)
+                kernel.epilogue_op.properties.pop("store", None)
             kernel.drop_facts(WarpGroupOp, MmaOp)
         for fact in [*wgs, mma]:
             kernel.add_fact(fact)

@@ -26,3 +26,16 @@ def problem_and_schedule(op, pass_name: str) -> tuple[GemmSpec, Schedule]:
                                   "compile with gemmc.compile(..., schedule=...) or add "
                                   "`schedule #gemmc.schedule<...>` to the matmul")
     return spec_of(op), schedule
+
+
+def layout_schedule(op, pass_name: str) -> tuple[GemmSpec, Schedule]:
+    """`problem_and_schedule` for the passes that lay the kernel out: they divide by the tile and cluster
+    sizes, so a size below 1 stops them here, named, rather than as a ZeroDivisionError. (Every other rule
+    is verify-resources': lowering does not need the schedule to be legal for this problem.)"""
+    spec, schedule = problem_and_schedule(op, pass_name)
+    if min(schedule.tile) < 1 or min(schedule.cluster) < 1:
+        tile, cluster = ("x".join(map(str, v)) for v in (schedule.tile, schedule.cluster))
+        raise DiagnosticException(f"{pass_name}: #gemmc.schedule<tile = {tile}, cluster = {cluster}> has a size "
+                                  "below 1; use positive tile and cluster sizes (verify-resources lists every "
+                                  "rule the schedule breaks)")
+    return spec, schedule

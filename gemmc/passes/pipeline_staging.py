@@ -15,7 +15,7 @@ from ..ir.kernel import PipelineOp, TileSchedulerOp
 from ..schedule import (ARCH_LIMITS, EPI_STAGES, Schedule, epilogue_tile, pdl_trigger_bands, resolve_stages,
                         smem_bytes, split_k_mode)
 from ..spec import GemmSpec
-from .common import kernel_op, problem_and_schedule
+from .common import kernel_op, layout_schedule
 
 
 def pipeline(s: Schedule, spec: GemmSpec) -> PipelineOp:
@@ -58,7 +58,7 @@ class PipelineStaging(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         kernel = kernel_op(op, self.name)
-        spec, s = problem_and_schedule(kernel, self.name)
+        spec, s = layout_schedule(kernel, self.name)
         kernel.drop_facts(PipelineOp, TileSchedulerOp)
         kernel.add_fact(pipeline(s, spec))
         kernel.add_fact(tile_scheduler(s))

@@ -22,7 +22,7 @@ from ..ir.kernel import ClusterOp, CopyOp
 from ..schedule import Schedule, epilogue_tile, splits_n
 from ..spec import GemmSpec
 from ..types import DType
-from .common import kernel_op, problem_and_schedule
+from .common import kernel_op, layout_schedule
 
 VECTOR_BYTES = 16
 
@@ -91,7 +91,7 @@ class TmaClusterLayout(ModulePass):
 
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         kernel = kernel_op(op, self.name)
-        spec, s = problem_and_schedule(kernel, self.name)
+        spec, s = layout_schedule(kernel, self.name)
         kernel.drop_facts(ClusterOp, CopyOp)
         kernel.add_fact(ClusterOp.make(shape=s.cluster))
         for copy in operand_copies(s, spec):

@@ -3,7 +3,9 @@ validity predicate, and raises ScheduleError naming each limit, the value and a 
 
 On kernel-level IR it also checks the written facts (edited by hand, say), which the backend emits from:
 against the same ARCH_LIMITS table (shared memory, recomputed from the ring's stages as well as the number
-written; the register file, threads and cluster size) and against the schedule (the cluster shape)."""
+written; the register file, threads and cluster size), against the schedule's rules (a ring of 2 stages or
+more, consumer registers that hold the accumulators) and against the schedule itself (kernel.gemm's arch,
+tile, mode and threads; the cluster shape; the epilogue staging the shared memory is counted with)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,10 +17,17 @@ from xdsl.passes import ModulePass
 from ..errors import ScheduleError
 from ..ir.build import find_gemm
 from ..ir.kernel import ClusterOp, KernelGemmOp, PipelineOp, WarpGroupOp
-from ..schedule import (ARCH_LIMITS, BARRIER_RESERVE_BYTES, Schedule, Violation, ab_stage_bytes, check_schedule,
-                        epilogue_smem_bytes, max_stages)
+from ..schedule import (ARCH_LIMITS, BARRIER_RESERVE_BYTES, CONSUMER_REG_OVERHEAD, Schedule, Violation,
+                        ab_stage_bytes, accumulator_regs, check_schedule, epilogue_smem_bytes, max_stages)
 from ..spec import GemmSpec
+from .assign_warpgroup_roles import kernel_header
 from .common import problem_and_schedule
+from .pipeline_staging import pipeline
+
+
+def _text(value) -> str:
+    """A value as the IR writes it: shapes as 128x64."""
+    return "x".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 def fact_violations(kernel: KernelGemmOp, s: Schedule, spec: GemmSpec,
@@ -27,11 +36,29 @@ def fact_violations(kernel: KernelGemmOp, s: Schedule, spec: GemmSpec,
     recomputed from the schedule's stage size only when `s` is valid (else its own violations come first)."""
     lim = ARCH_LIMITS[kernel.arch.data]
     found = []
+    # the header is what the backend emits from (tile, arch, ...); assign-warpgroup-roles reads it off the schedule
+    want = kernel_header(s)
+    for field, value in kernel.header.items():
+        if value != want[field]:
+            found.append(Violation(f"{field} (kernel.gemm)", f"{_text(value)}, but the schedule's is "
+                                   f"{_text(want[field])}", "rerun assign-warpgroup-roles (and the passes after "
+                                   "it) on the schedule"))
     if (p := kernel.fact(PipelineOp)) is not None:
         written, stages = p.get("smem_bytes"), p.get("stages")
+        expected = pipeline(s, spec).values() if schedule_valid else {}
         if written > lim.smem_bytes:
             found.append(Violation("shared memory (kernel.pipeline)", f"{written} B",
                                    f"limit {lim.smem_bytes} B on {lim.name}: fewer stages or a smaller tile"))
+        elif schedule_valid and stages < 2:     # as check_schedule's rule for the schedule's stages
+            found.append(Violation("stages (kernel.pipeline)", stages, "the ring needs at least 2 stages: write "
+                                   "stages 2 or more, or rerun pipeline-staging"))
+        elif schedule_valid and (p.get("epi_stages"), p.get("epi_tile")) != (expected["epi_stages"],
+                                                                              expected["epi_tile"]):
+            # the epilogue's shared memory below is the schedule's: staging of another size is not counted
+            found.append(Violation("epilogue staging (kernel.pipeline)",
+                                   f"epi_stages {p.get('epi_stages')} epi_tile {_text(p.get('epi_tile'))}, but the "
+                                   f"schedule's is epi_stages {expected['epi_stages']} epi_tile "
+                                   f"{_text(expected['epi_tile'])}", "write the schedule's, or rerun pipeline-staging"))
         elif schedule_valid:
             # the ring the kernel allocates is stages x stage bytes: check that, not only the number written
             stage_b, epi = ab_stage_bytes(s, spec), epilogue_smem_bytes(s, spec)
@@ -44,7 +71,19 @@ def fact_violations(kernel: KernelGemmOp, s: Schedule, spec: GemmSpec,
             elif written != needed:
                 found.append(Violation("shared memory (kernel.pipeline)", f"smem {written} B for {stages} stages, "
                                        f"which take {needed} B", f"write smem {needed} or rerun pipeline-staging"))
-    regs = sum(w.get("regs") * 32 * w.get("warps") for w in kernel.ops_of(WarpGroupOp))
+    warpgroups = kernel.ops_of(WarpGroupOp)
+    if kernel.arch.data == "sm_90a":
+        # setmaxnreg sets each SM90 warpgroup's budget: 0 (SM80's "compiler's choice") is no budget
+        need = accumulator_regs(s, spec) + CONSUMER_REG_OVERHEAD if schedule_valid else 0
+        for w in warpgroups:
+            regs, role = w.get("regs"), w.get("role")
+            if regs == 0 or (role == "consumer" and regs < need):
+                fix = (f"its {need - CONSUMER_REG_OVERHEAD} accumulator registers and {CONSUMER_REG_OVERHEAD} "
+                       f"others need regs {-(-need // 8) * 8} or more" if role == "consumer" and need
+                       else "sm_90a warpgroups set theirs with setmaxnreg: use a multiple of 8 from 24 to 256")
+                found.append(Violation(f"registers of {role} warpgroup {w.get('index')} (kernel.warpgroup)",
+                                       regs, f"{fix}, or rerun assign-warpgroup-roles"))
+    regs = sum(w.get("regs") * 32 * w.get("warps") for w in warpgroups)
     if regs > lim.regs_per_sm:
         found.append(Violation("register file (kernel.warpgroup)", regs,
                                f"limit {lim.regs_per_sm} per SM: lower the warpgroups' regs"))
