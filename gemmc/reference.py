@@ -280,3 +280,12 @@ def error_figures(out, ref, bound) -> tuple[float, float]:
     num = torch.linalg.vector_norm(d).item()
     rel = num / denom if denom else (0.0 if num == 0 else math.inf)
     return rel, d.div_(bound).amax().item()
+
+
+def checked_error(spec: GemmSpec, out, a, b, extra=()) -> float:
+    """One figure for a GPU check of `out` (the kernel's output for inputs a, b, extra): its relative
+    Frobenius error against the fp32 reference, or inf when any element is beyond its elementwise bound or
+    unwritten (error_figures), so that `checked_error(...) < 1e-2` passes a correct kernel only. A dropped
+    k-tile in one of many output tiles moves the Frobenius figure less than 1e-2; the bound catches it."""
+    rel, elem = error_figures(out, *reference_and_bound(spec, a, b, extra))
+    return rel if elem <= 1 else math.inf           # NaN (unwritten) fails too

@@ -582,7 +582,8 @@ def test_reference_check_error_value():
     ref = timing.reference(a, b)
     out = torch.empty(16, 8, dtype=torch.bfloat16)
     assert timing.check_output(timing.cublas_matmul, a, b, out, ref) < 1e-2
-    assert timing.rel_frobenius_error(torch.zeros(16, 8), ref) == pytest.approx(1.0)
+    assert timing.check_output(lambda a, b, out: out.zero_(), a, b, out, ref) == pytest.approx(1.0)
+    assert timing.check_output(lambda a, b, out: None, a, b, out, ref) == math.inf     # left unwritten
 
 
 # ---- report -------------------------------------------------------------------------------------------

@@ -155,6 +155,21 @@ def test_the_audits_defects_fail_both_new_criteria(defect, m, n, k, dtype, seed)
     assert f"{timing.CUBLAS_FACTOR:g} x cuBLAS's {cub_rel:.3g}" in msg and f"max elementwise error {elem:.3g}" in msg
 
 
+def test_checked_error_is_the_gpu_tests_one_figure():
+    """scripts/gpu_sm90.py, tests/test_gpu_sm90.py and the SM80 harness check with reference.checked_error:
+    the relative Frobenius error where every element is within its bound, else inf (a dropped k-tile, an
+    unwritten element), so that `< 1e-2` fails those too."""
+    spec = GemmSpec(m="M", n="N", k="K")
+    a, b = randn(256, 8192, torch.bfloat16, 0), randn(256, 8192, torch.bfloat16, 1)
+    good = kernel_acc(a, b).to(torch.bfloat16)
+    rel, elem = figures(good, a, b)
+    assert elem <= 1 and R.checked_error(spec, good, a, b) == pytest.approx(rel)
+    assert R.checked_error(spec, _drop_k_tile(a, b), a, b) == math.inf        # rel alone read < 1e-2
+    unwritten = good.clone()
+    unwritten[3, 5] = math.nan
+    assert R.checked_error(spec, unwritten, a, b) == math.inf
+
+
 def test_check_failure_reads_each_criterion():
     ok = timing.check_failure(0.0017, 0.5, 1e-2, 0.0017)
     assert ok is None

@@ -29,7 +29,7 @@ from typing import Callable, Optional, Protocol, Sequence
 
 import torch
 
-from ..reference import error_figures, fp32_matmul, gemm_bound
+from ..reference import error_figures, fp32_matmul, gemm_bound, rel_frobenius
 from ..schedule import Schedule
 from .stats import summarize, tflops
 from .suites import Shape
@@ -224,18 +224,12 @@ def reference_with_bound(a: torch.Tensor, b: torch.Tensor, out_dtype=None) -> Re
     return Reference(ref, gemm_bound(ref, abs_product, a.shape[-1], out_dtype or a.dtype))
 
 
-def rel_frobenius_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref||_F / ||ref||_F; NaN when out holds NaN (an unwritten element)."""
-    denom = torch.linalg.vector_norm(ref).item()
-    num = torch.linalg.vector_norm(out.float() - ref).item()
-    return num / denom if denom else (0.0 if num == 0 else math.inf)
-
-
 def check_output(fn: Kernel, a, b, out, ref) -> float:
-    """Run `fn` into a NaN-filled `out` and return its error; elements it leaves unwritten count."""
+    """Run `fn` into a NaN-filled `out` and return its relative Frobenius error (gemmc.reference.rel_frobenius:
+    inf where it leaves an element unwritten)."""
     out.fill_(float("nan"))
     fn(a, b, out=out)
-    return rel_frobenius_error(out, ref)
+    return rel_frobenius(out, ref)
 
 
 def check_failure(rel_err: float, elem_err: float, tolerance: float,
