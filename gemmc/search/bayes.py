@@ -117,9 +117,10 @@ class BayesStrategy(BaseStrategy):
         return picks
 
     def propose(self, n: int):
-        if not self.remaining():
+        if not self._count(n) or not self.remaining():
             return []
-        n_ok = sum(h.ok for h in self.history)
+        # successes outside this space (a resumed run's other rows) are no points for the GP
+        n_ok = sum(h.ok and h.schedule in self._index for h in self.history)
         if n_ok < self.n_init:
             return self._take(self._initial(n))
         return self._take(self._acquire(n))

@@ -8,4 +8,4 @@ class ExhaustiveStrategy(BaseStrategy):
     name = "exhaustive"
 
     def propose(self, n: int):
-        return self._take(self.remaining()[:n])
+        return self._take(self.remaining()[:self._count(n)])

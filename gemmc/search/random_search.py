@@ -16,4 +16,4 @@ class RandomStrategy(BaseStrategy):
         random.Random(self.seed).shuffle(self._order)
 
     def propose(self, n: int):
-        return self._take([s for s in self._order if s not in self.proposed][:n])
+        return self._take([s for s in self._order if s not in self.proposed][:self._count(n)])

@@ -23,10 +23,16 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
+from ..errors import GemmcError
 from ..schedule import Schedule
 from ..spec import GemmSpec
 from .features import FeatureSpec, describes, policy_features, shape_features
 from .strategy import BaseStrategy, Measurement, SearchProblem
+
+
+class PolicyLoadError(GemmcError, ValueError):
+    """A stored policy cannot be used: damaged, or trained on other features (the message says to retrain)."""
+
 
 TEMPERATURE = 0.05      # reward scale of the ranking target: 5% slower = e^-1 the weight
 ERROR_MARGIN = 0.5      # a failed schedule ranks this far below the shape's slowest
@@ -75,13 +81,22 @@ class SchedulePolicy(nn.Module):
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> "SchedulePolicy":
-        d = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-        fs = FeatureSpec.from_dict(d["feature_spec"])
+        try:
+            d = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+            fs = FeatureSpec.from_dict(d["feature_spec"])
+        except Exception as e:   # torch raises EOFError, UnpicklingError or RuntimeError on a damaged blob
+            raise PolicyLoadError(f"the stored policy is unreadable ({type(e).__name__}: {e}); "
+                                  f"train a new one with `gemmc-search train-policy`") from None
         if fs != FeatureSpec():
-            raise ValueError(f"stored policy uses features v{fs.version} ({fs.dim} dims), this gemmc uses "
-                             f"v{FeatureSpec().version} ({FeatureSpec().dim}): retrain with `gemmc-search train-policy`")
-        pol = cls(fs, d["hidden"])
-        pol.load_state_dict(d["state_dict"])
+            raise PolicyLoadError(f"stored policy uses features v{fs.version} ({fs.dim} dims), this gemmc uses "
+                                  f"v{FeatureSpec().version} ({FeatureSpec().dim}): retrain with "
+                                  f"`gemmc-search train-policy`")
+        try:
+            pol = cls(fs, d["hidden"])
+            pol.load_state_dict(d["state_dict"])
+        except Exception as e:   # the weights do not fit the network their own record describes
+            raise PolicyLoadError(f"the stored policy's weights do not load ({type(e).__name__}: {e}); "
+                                  f"train a new one with `gemmc-search train-policy`") from None
         pol.trained_shapes = d.get("trained_shapes", 0)
         return pol
 
@@ -150,8 +165,11 @@ class RLStrategy(BaseStrategy):
                  finetune_lr: float = 1e-3, anchor: float = 1e-2):
         super().__init__(seed)
         if policy is None:
-            from .db import TuningDB
-            policy = TuningDB().load_policy()
+            from .db import TuningDB, default_path
+            path = default_path()
+            if path.is_file():      # read-only: looking for a policy must not create a DB
+                with TuningDB(path, create=False) as db:
+                    policy = db.load_policy()
         if policy is None:
             raise ValueError("the rl strategy needs a trained policy: tune some shapes with another strategy, "
                              "then `gemmc-search train-policy` (or pass policy=)")
@@ -171,8 +189,7 @@ class RLStrategy(BaseStrategy):
         seen = [h for h in self.history if h.schedule in self._index]
         if len(seen) < 2 or not any(h.ok for h in seen) or len(seen) == self._fitted_on:
             return
-        torch.manual_seed(self.seed)
-        pol = copy.deepcopy(self.base)
+        pol = copy.deepcopy(self.base)     # full-batch Adam from fixed weights: nothing random to seed
         ref = [p.detach().clone() for p in pol.parameters()]
         x = self._x[[self._index[h.schedule] for h in seen]]
         r = torch.tensor(rewards_from(seen), dtype=torch.float32)
@@ -188,6 +205,8 @@ class RLStrategy(BaseStrategy):
         self._fitted_on = len(seen)
 
     def propose(self, n: int):
+        if not self._count(n):
+            return []
         self._finetune()
         rest = [i for i, s in enumerate(self.problem.candidates) if s not in self.proposed]
         if not rest:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ..errors import GemmcError
-from ..schedule import Schedule
+from ..schedule import Schedule, is_valid
 from ..spec import GemmSpec
 from .strategy import Measurement, SearchProblem, best_so_far, make_strategy, run_search
 
@@ -28,6 +28,10 @@ DATASET_HINT = ("--data takes the .jsonl.gz sweeps `gemmc bench` records (bench/
 
 class DatasetFileError(GemmcError, ValueError):
     """A --data file is not a dataset of recorded measurements (the message says what it is instead)."""
+
+
+class SimulationError(GemmcError, ValueError):
+    """The recorded problems cannot support a strategy's replay (e.g. nothing for rl to train on)."""
 
 
 @dataclass
@@ -41,7 +45,9 @@ class RecordedProblem:
 
     @property
     def best_us(self) -> float:
-        ok = [r.time_us for r in self.results.values() if r.ok]
+        """The exhaustive best: the fastest success among the schedules a strategy may propose. A record the
+        validity predicate now rejects (an older gemmc's space) is out of every strategy's reach."""
+        ok = [r.time_us for s, r in self.results.items() if r.ok and s.arch == self.arch and is_valid(s, self.spec)]
         return min(ok) if ok else math.inf
 
     def problem(self) -> SearchProblem:
@@ -136,32 +142,41 @@ def group_problems(records: Sequence, header: Optional[dict] = None) -> list[Rec
     times never enter them."""
     hd = header or {}
     probs: dict[tuple, RecordedProblem] = {}
-    for r in records:
-        shape = _field(r, "shape")
-        m, n, k = shape if shape is not None else (_field(r, "m"), _field(r, "n"), _field(r, "k"))
-        dtype = str(_field(r, "dtype", None) or hd.get("dtype") or "bf16")
-        out = str(_field(r, "out_dtype", None) or hd.get("out_dtype") or dtype)
-        al = _field(r, "a_layout", None) or hd.get("a_layout") or "mk"
-        bl = _field(r, "b_layout", None) or hd.get("b_layout") or "nk"
-        sd = _field(r, "schedule")
-        sched = sd if isinstance(sd, Schedule) else Schedule.from_dict(json.loads(sd) if isinstance(sd, str) else sd)
-        key = (int(m), int(n), int(k), dtype, out, al, bl, sched.arch)
-        p = probs.get(key)
-        if p is None:
-            spec = GemmSpec(int(m), int(n), int(k), dtype=dtype, out_dtype=out, a_layout=al, b_layout=bl)
-            p = probs[key] = RecordedProblem(key, spec, sched.arch)
-        # the short-pass time: every schedule has one; the bench re-measures only its top few per shape
-        # (per file) by another method (about 3% faster in the median), which would skew the comparison
-        t = _field(r, "time_us_short", None) or _field(r, "time_us")
-        err, cub = _field(r, "error"), _field(r, "cublas_us")
-        if cub is not None:   # files of one shape measure cuBLAS apart: keep one reference per problem
-            p.cublas_us = float(cub) if p.cublas_us is None else min(p.cublas_us, float(cub))
-        meas = Measurement(sched, float(t) if t is not None and not err else None, err or (None if t else "no time"),
-                           cublas_us=p.cublas_us)
-        old = p.results.get(sched)
-        if old is None or (meas.ok and (not old.ok or meas.time_us < old.time_us)):
-            p.results[sched] = meas
+    for i, r in enumerate(records):
+        try:
+            _add_record(probs, r, hd)
+        except (ValueError, TypeError, KeyError) as e:    # a field of the wrong kind: name the record
+            why = " ".join(str(e).split())
+            raise DatasetFileError(f"record {i + 1} does not read as a measurement: {why}; {DATASET_HINT}") from None
     return [p for _, p in sorted(probs.items()) if math.isfinite(p.best_us)]
+
+
+def _add_record(probs: dict, r, hd: dict) -> None:
+    """One record into its problem of `probs` (see `group_problems`)."""
+    shape = _field(r, "shape")
+    m, n, k = shape if shape is not None else (_field(r, "m"), _field(r, "n"), _field(r, "k"))
+    dtype = str(_field(r, "dtype", None) or hd.get("dtype") or "bf16")
+    out = str(_field(r, "out_dtype", None) or hd.get("out_dtype") or dtype)
+    al = _field(r, "a_layout", None) or hd.get("a_layout") or "mk"
+    bl = _field(r, "b_layout", None) or hd.get("b_layout") or "nk"
+    sd = _field(r, "schedule")
+    sched = sd if isinstance(sd, Schedule) else Schedule.from_dict(json.loads(sd) if isinstance(sd, str) else sd)
+    key = (int(m), int(n), int(k), dtype, out, al, bl, sched.arch)
+    p = probs.get(key)
+    if p is None:
+        spec = GemmSpec(int(m), int(n), int(k), dtype=dtype, out_dtype=out, a_layout=al, b_layout=bl)
+        p = probs[key] = RecordedProblem(key, spec, sched.arch)
+    # the short-pass time: every schedule has one; the bench re-measures only its top few per shape
+    # (per file) by another method (about 3% faster in the median), which would skew the comparison
+    t = _field(r, "time_us_short", None) or _field(r, "time_us")
+    err, cub = _field(r, "error"), _field(r, "cublas_us")
+    if cub is not None:   # files of one shape measure cuBLAS apart: keep one reference per problem
+        p.cublas_us = float(cub) if p.cublas_us is None else min(p.cublas_us, float(cub))
+    meas = Measurement(sched, float(t) if t is not None and not err else None, err or (None if t else "no time"),
+                       cublas_us=p.cublas_us)
+    old = p.results.get(sched)
+    if old is None or (meas.ok and (not old.ok or meas.time_us < old.time_us)):
+        p.results[sched] = meas
 
 
 def fractions(best_us: float, results: Sequence[Measurement], budgets: Sequence[int]) -> dict[int, float]:
@@ -196,8 +211,10 @@ def simulate(problems: Sequence[RecordedProblem], strategies: Sequence[str], bud
              progress: Optional[Callable[[str], None]] = None, heuristic: bool = True) -> dict:
     """{strategy: {budget: {"median_fraction", "score_vs_random"}}}; budget 1 is the first proposal.
 
-    Fraction per (problem, seed) = best_time / best found within the budget; per problem the mean
-    over seeds; reported: the median over problems. Deterministic strategies (exhaustive; bayes
+    Fraction per (problem, seed) = best feasible time (`RecordedProblem.best_us`) / best found within
+    the budget; per problem the mean over seeds; reported: the median over problems. score_vs_random =
+    (f - r) / (1 - r) of those medians, r being random's (run as the baseline even when not asked for,
+    and then not reported); 0.0 where random already reaches the optimum. Deterministic strategies (exhaustive; bayes
     when the heuristic seeds it) run once. `rl` runs once per fold, on the problems of a fold it was
     not trained on, so every problem is evaluated zero-shot by a policy that never saw it.
     `heuristic=False` starts `bayes` from a random space-filling design instead of the heuristic's
@@ -215,14 +232,24 @@ def simulate(problems: Sequence[RecordedProblem], strategies: Sequence[str], bud
 def _simulate(problems, strategies, budgets, seeds, batch, rl_folds, rl_epochs, split_seed, progress,
               heuristic) -> dict:
     budgets = sorted(set(int(b) for b in budgets) | {1})
+    if budgets[0] < 1 or seeds < 1:
+        raise SimulationError(f"simulate needs budgets and seeds of at least 1; got budgets {budgets}, seeds {seeds}")
     top = max(budgets)
+    # once per problem: the feasible set (the predicate over every record) and the best within it
+    searches = [p.problem() for p in problems]
+    bests = [p.best_us for p in problems]
+    for p, best in zip(problems, bests):
+        if not math.isfinite(best):
+            raise SimulationError(f"{p.spec.m}x{p.spec.n}x{p.spec.k}: no feasible schedule of this problem has a "
+                                  f"successful measurement, so there is no best to compare with")
     per: dict[str, dict[int, dict[int, list[float]]]] = {}
     folds = split_folds(problems, rl_folds, split_seed) if "rl" in strategies else []
     if "rl" in strategies and len(folds) < 2:
-        raise ValueError("rl needs at least two recorded problems (it is trained on some, evaluated on others)")
+        raise SimulationError("rl needs at least two recorded problems (it is trained on some, evaluated on others)")
     policies: dict[int, object] = {}
     kw = {"bayes": {} if heuristic else {"use_heuristic": False}}
-    for name in strategies:
+    # random runs even when not asked for: it is every strategy's score_vs_random baseline
+    for name in [*strategies, *(["random"] if "random" not in strategies else [])]:
         acc = per.setdefault(name, {b: {} for b in budgets})
         if name == "rl":
             runs = range(len(folds))          # deterministic given its policy: each fold once
@@ -234,32 +261,34 @@ def _simulate(problems, strategies, budgets, seeds, batch, rl_folds, rl_epochs, 
                 if fi not in policies:
                     from .rl import train_policy_on_problems
                     train = [problems[i] for i in range(len(problems)) if i not in set(folds[fi])]
-                    policies[fi] = train_policy_on_problems(train, epochs=rl_epochs, seed=split_seed + fi)
+                    try:
+                        policies[fi] = train_policy_on_problems(train, epochs=rl_epochs, seed=split_seed + fi)
+                    except ValueError as e:   # e.g. every training problem recorded a single schedule
+                        raise SimulationError(f"rl cannot train on the problems outside fold {fi + 1} of "
+                                              f"{len(folds)}: {e}; record more schedules per problem, or leave rl "
+                                              f"out (--strategy exhaustive,random,bayes)") from None
                 strat = make_strategy("rl", seed=seed, policy=policies[fi])
                 idxs = folds[fi]
             else:
                 strat = make_strategy(name, seed=seed, **kw.get(name, {}))
                 idxs = range(len(problems))
             for i in idxs:
-                p = problems[i]
-                res = run_search(strat, p.problem(), p.evaluate, budget=top, batch=batch)
-                for b, f in fractions(p.best_us, res, budgets).items():
+                res = run_search(strat, searches[i], problems[i].evaluate, budget=top, batch=batch)
+                for b, f in fractions(bests[i], res, budgets).items():
                     acc[b].setdefault(i, []).append(f)
             if progress:
                 progress(f"{name} seed {seed}")
-    out: dict = {}
+    medians: dict = {}
     for name, acc in per.items():
-        out[name] = {}
+        medians[name] = {}
         for b in budgets:
             perprob = [statistics.fmean(v) for v in acc[b].values()]
-            out[name][str(b)] = {"median_fraction": statistics.median(perprob) if perprob else 0.0}
-    for name in out:
-        for b in map(str, budgets):
-            f = out[name][b]["median_fraction"]
-            r = out.get("random", {}).get(b, {}).get("median_fraction")
-            if r is None:
-                score = None
-            else:
-                score = 0.0 if r >= 1.0 else (f - r) / (1.0 - r)
-            out[name][b]["score_vs_random"] = score
+            medians[name][b] = statistics.median(perprob) if perprob else 0.0
+    out: dict = {}
+    for name in strategies:
+        out[name] = {}
+        for b in budgets:
+            f, r = medians[name][b], medians["random"][b]
+            score = 0.0 if r >= 1.0 else (f - r) / (1.0 - r)
+            out[name][str(b)] = {"median_fraction": f, "score_vs_random": score}
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Protocol, Sequence
 
@@ -100,6 +101,13 @@ class BaseStrategy:
     def remaining(self) -> list[Schedule]:
         return [s for s in self.problem.candidates if s not in self.proposed]
 
+    @staticmethod
+    def _count(n: int) -> int:
+        """`propose`'s `n`, checked: sliced as given, a negative count would mean 'all but the last few'."""
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+            raise ValueError(f"propose(n) needs a whole number of schedules, at least 0; got {n!r}")
+        return int(n)
+
     def _take(self, picks: list[Schedule]) -> list[Schedule]:
         self.proposed.update(picks)
         return picks
@@ -119,6 +127,8 @@ def run_search(strategy: Strategy, problem: SearchProblem, evaluate: Evaluator, 
 
     `prior` (e.g. rows already in the tuning DB) is observed first and not re-measured: that is
     how an interrupted run resumes."""
+    if batch < 1:     # a batch of 0 would end the search at once, having measured nothing
+        raise ValueError(f"run_search needs a batch of at least 1 schedule; got {batch}")
     strategy.start(problem)
     if prior:
         strategy.observe(list(prior))
