@@ -382,8 +382,14 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
             add("mode", s.mode, "ping-pong warpgroups are SM90-only: use mode='cooperative' on sm_80")
         if bm not in (64, 128, 256) or bn not in (64, 128, 256):
             add("tile M/N (sm_80)", (bm, bn), "use 64, 128 or 256 for both")
+        # two k-blocks of 16 for the register double buffer, and 16-byte cp.async vectors spread evenly
+        # over the CTA's threads along K
+        if bk not in (32, 64, 128):
+            add("tile K (sm_80)", bk, "use 32, 64 or 128")
+        if spec.acc_dtype != DType.f32:
+            add("acc_dtype (sm_80)", spec.acc_dtype.value, "the SM80 kernel accumulates in f32: use acc_dtype='f32'")
     kmin = 32 // spec.dtype.bytes * 1  # one 32-byte swizzle atom
-    if bk % 16 or bk < max(16, kmin) or bk > 128:
+    if sm90 and (bk % 16 or bk < max(16, kmin) or bk > 128):
         add("tile K", bk, "use 32, 64 or 128 (a multiple of the 16-element MMA K)")
 
     # clusters: SM90 only, multicast slices must stay 8-row aligned
@@ -405,7 +411,7 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
         if spec.acc_dtype == DType.f16:
             if spec.epilogue:
                 add("acc_dtype f16 with an epilogue", spec.acc_dtype.value, "SM90 kernels run a fused epilogue on "
-                    "f32 accumulators: use acc_dtype='f32' (or arch='sm_80')")
+                    "f32 accumulators: use acc_dtype='f32'")
             if split_k_mode(s) in ("fixup", "stream"):
                 add("acc_dtype f16 with split-K partials", (s.split_k, s.stream_k), "the in-kernel split-K fix-up "
                     "and stream-K sum f32 partials: use acc_dtype='f32', or split_k >= 3 (a reduce kernel) "

@@ -7,6 +7,7 @@ Operands are passed in the storage shape their layout names, contiguous in the l
 """
 from __future__ import annotations
 
+import keyword
 import math
 import numbers
 import re
@@ -43,8 +44,10 @@ class EpilogueInput:
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", as_dtype(self.dtype, EPILOGUE_INPUT_DTYPES))
-        if not isinstance(self.name, str) or not _IDENT.match(self.name) or self.name in ("a", "b", "out", "acc"):
-            raise SpecError(f"epilogue input name {self.name!r} must be an identifier other than a, b, out, acc")
+        if (not isinstance(self.name, str) or not _IDENT.match(self.name) or keyword.iskeyword(self.name)
+                or self.name in ("a", "b", "out", "acc")):
+            raise SpecError(f"epilogue input name {self.name!r} must be an identifier other than a, b, out, acc "
+                            "and Python's keywords")
         if self.kind not in INPUT_KINDS:
             raise SpecError(f"epilogue input {self.name!r} has kind {self.kind!r}; use one of {INPUT_KINDS}")
         if self.dtype not in EPILOGUE_INPUT_DTYPES:   # the backends load bf16/f16/f32 and widen to f32

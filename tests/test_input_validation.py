@@ -111,6 +111,13 @@ def test_epilogue_input_dtypes_are_checked_in_the_spec(dtype, hint):
     assert EpilogueInput("bias", "row", "f16").dtype == DType.f16
 
 
+@pytest.mark.parametrize("name", ["lambda", "class", "for", "None"])
+def test_epilogue_input_names_are_not_python_keywords(name):
+    """The kernel module takes each input as a parameter of that name: a keyword there cannot parse."""
+    with pytest.raises(SpecError, match=f"epilogue input name '{name}' must be an identifier .* keywords"):
+        EpilogueInput(name, "scalar")
+
+
 @pytest.mark.parametrize("field,accepted", [("dtype", "bf16, f16"), ("out_dtype", "bf16, f16, f32"),
                                             ("acc_dtype", "f32, f16")])
 def test_unknown_dtype_lists_what_the_role_takes(field, accepted):

@@ -103,6 +103,23 @@ def test_rejects_sm80_clusters_and_pingpong():
     assert "mode" in limits(Schedule((128, 128, 32), mode="pingpong", arch="sm_80"))
 
 
+@pytest.mark.parametrize("bk", [16, 48, 80, 96, 112])
+def test_rejects_sm80_k_tiles_its_kernel_cannot_build(bk):
+    """The SM80 kernel double-buffers two 16-deep k-blocks and spreads 16-byte cp.async vectors evenly along K:
+    32, 64 or 128. (16 and 48-112 passed the predicate and failed in the backend.) SM90 takes any 16 multiple."""
+    assert "tile K (sm_80)" in limits(Schedule((128, 128, bk), arch="sm_80"))
+    assert not {"tile K", "tile K (sm_80)"} & limits(Schedule((128, 128, bk), mode="cooperative"))
+
+
+def test_rejects_f16_accumulation_on_sm80_and_does_not_send_sm90_users_there():
+    f16acc = GemmSpec(m=4096, n=4096, k=4096, dtype="f16", acc_dtype="f16")
+    (v,) = check_schedule(Schedule((128, 128, 32), arch="sm_80"), f16acc)
+    assert v.limit == "acc_dtype (sm_80)" and "acc_dtype='f32'" in v.fix
+    epi = GemmSpec(m=4096, n=4096, k=4096, dtype="f16", acc_dtype="f16", epilogue=(EpilogueOp("relu", (Ref.acc(),)),))
+    (v,) = check_schedule(Schedule(), epi)
+    assert "sm_80" not in v.fix
+
+
 def test_rejects_split_k_beyond_k_tiles():
     small_k = GemmSpec(m=4096, n=4096, k=128)  # two k-tiles of 64
     assert "split_k" in limits(Schedule(split_k=4), small_k)
