@@ -321,3 +321,27 @@ def test_relu_and_clamp_keep_a_nan_row_nan_like_torch(mode):
     assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[7]).all()
     rows = torch.arange(300, device="cuda") != 7
     torch.testing.assert_close(out[rows].float(), ref[rows], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("sched", [dict(tile=(128, 128, 64)), dict(tile=(64, 128, 64), mode="pingpong"),
+                                   dict(tile=(128, 128, 64), split_k=2), dict(tile=(128, 128, 64), split_k=3, pdl=False),
+                                   dict(tile=(128, 32, 64), swap_ab=True)],
+                         ids=["coop", "pingpong", "fixup", "serial", "swap"])
+def test_inputs_named_like_the_modules_own_names(sched):
+    """`+ c` (a full f32 input named like the store's c_smem / tma_c), a scale `s`, a column `m` and a row `l`
+    (names of kernel and reduce-kernel locals): the module takes them under private names."""
+    import torch
+    from gemmc.reference import checked_error, make_inputs
+    R = gemmc.spec.Ref
+    spec = gemmc.GemmSpec("M", "N", "K", batch="L", inputs=(
+        gemmc.EpilogueInput("s", "scalar"), gemmc.EpilogueInput("m", "col", "f32"),
+        gemmc.EpilogueInput("l", "row", "bf16"), gemmc.EpilogueInput("c", "full", "f32")), epilogue=(
+        gemmc.EpilogueOp("mul", (R("acc"), R("input", "s"))), gemmc.EpilogueOp("add", (R("node", 0), R("input", "m"))),
+        gemmc.EpilogueOp("add", (R("node", 1), R("input", "l"))), gemmc.EpilogueOp("add", (R("node", 2), R("input", "c")))))
+    k = gemmc.compile(spec, schedule=gemmc.Schedule(**sched))
+    for m, n, kk in [(200, 136, 1000), (64, 520, 256)]:
+        a, b, extra = make_inputs(spec, m, n, kk, batch=2)
+        out = torch.full((2, m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        k(a, b, *extra, out=out)
+        torch.cuda.synchronize()
+        assert checked_error(spec, out, a, b, extra) < 1e-2, (m, n, kk)

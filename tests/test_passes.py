@@ -84,7 +84,7 @@ def test_cluster_2x1_multicasts_b_along_m():
         kernel.cluster 2x1
         kernel.copy a tma box 128x64 swizzle 128 evict_first true
         kernel.copy b tma box 64x64 swizzle 128 multicast 2 along m evict_first true
-        kernel.copy c tma_store box 128x32 swizzle 64
+        kernel.copy out tma_store box 128x32 swizzle 64
         kernel.epilogue store tma {
     """)
 
@@ -111,7 +111,7 @@ def test_mn_major_operands_and_f32_output():
     plan = plan_from_module(parse_module(run(spec, Schedule(tile=(128, 128, 64), cluster=(1, 2)))))
     assert plan.copy("a").box == (64, 64) and plan.copy("a").multicast == 2   # K rows x (128/2) M, 128B swizzle
     assert plan.copy("b").box == (64, 64) and plan.copy("b").swizzle_bytes == 128
-    assert plan.copy("c").swizzle_bytes == 128                                  # 32 f32 columns = 128 B
+    assert plan.copy("out").swizzle_bytes == 128                                  # 32 f32 columns = 128 B
 
 
 def test_epilogue_input_copies():
@@ -133,7 +133,7 @@ def test_epilogue_input_copies():
         kernel.copy res ldg box 128x128 swizzle 0
         kernel.epilogue store direct {
     """)
-    assert "kernel.copy s " not in sm80 and "kernel.copy c " not in sm80
+    assert "kernel.copy s " not in sm80 and "kernel.copy out " not in sm80
 
 
 # ---- pipeline-staging ------------------------------------------------------------------------

@@ -3,6 +3,7 @@ raster is a bijection, and two compiles (sm_80 and sm_90a) produce PTX with exac
 instructions the plan asks for."""
 from __future__ import annotations
 
+import ast
 import re
 import types
 from dataclasses import replace
@@ -277,3 +278,86 @@ def test_sm90_only_schedule_on_sm80_is_a_clear_error():
                       arch="sm_80", emit="ir")
     with pytest.raises(ScheduleError, match="limit 166912 B on sm_80"):     # 163 KB of shared memory
         gemmc.compile(GemmSpec(), schedule=Schedule(tile=(128, 256, 64), stages=5), arch="sm_80", emit="ir")
+
+
+# ---- epilogue input names and shared memory per compile arch -------------------------------------
+
+def _scaled_spec(name: str, kind: str = "scalar") -> GemmSpec:
+    return GemmSpec(batch="L", inputs=(EpilogueInput(name, kind),), epilogue=(EpilogueOp("mul", (A(), I(name))),))
+
+
+def _name_uses(node):
+    """(name, is_store) of every Name under `node`, in evaluation order: an assignment's value before its
+    target, a loop's iterable before its variable."""
+    if isinstance(node, ast.Name):
+        yield node.id, isinstance(node.ctx, ast.Store)
+        return
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        order = [node.value] + (node.targets if isinstance(node, ast.Assign) else [node.target])
+    elif isinstance(node, ast.For):
+        order = [node.iter, node.target] + node.body + node.orelse
+    else:
+        order = ast.iter_child_nodes(node)
+    for child in order:
+        if child is not None:
+            yield from _name_uses(child)
+
+
+# locals of the GEMM kernel (prologue loop, epilogue loop, batch index ...), of the reduce kernel, of the host
+@pytest.mark.parametrize("name", ["s", "i", "v", "l", "m", "n", "kk", "split", "coord", "tiles", "num_m", "mA"])
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_epilogue_input_named_like_an_emitted_local_is_not_shadowed(name, split_k):
+    """An input named `s` was the prologue's `for s in range(1, STAGES - 1)`: the kernel scaled by
+    STAGES - 2 instead of the caller's value (and `m`, `i`, `l` read the element's coordinates, `tiles`
+    the host's tile count). The kernels never rebind a parameter; the host reads each input before it
+    binds anything of that name."""
+    for kind in ("scalar", "row"):
+        src = emit(plan_of(_scaled_spec(name, kind), split_k=split_k)).source
+        for fn in ast.parse(src).body:
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            kernel = any("kernel" in ast.unparse(d) for d in fn.decorator_list)
+            for arg in fn.args.args:
+                uses = [store for n, store in _name_uses(ast.Module(body=fn.body, type_ignores=[])) if n == arg.arg]
+                if kernel:
+                    assert not any(uses), f"{fn.name} rebinds its parameter {arg.arg}"
+                elif arg.arg == name:
+                    assert uses[:1] == [False], f"{fn.name} binds {name} before reading the input"
+
+
+def test_scale_named_s_reaches_the_compiled_kernel():
+    """The PTX reads the scalar's kernel parameter (it multiplied by the constant 3.0 = STAGES - 2)."""
+    plan = plan_of(_scaled_spec("s"), stages=5)
+    ptx = compiled_ptx(emit(plan))
+    entry = re.search(r"\.entry\s+(\S+)\((.*?)\)", ptx, re.S)
+    scalar = re.findall(r"\.param \.f32 (\S+?)\s*[,\n]", entry.group(2))
+    assert len(scalar) == 1
+    assert re.search(rf"ld\.param\.\w+\s+%\w+, \[{re.escape(scalar[0])}\]", ptx), "scalar parameter is never read"
+    assert "0f40400000" not in ptx
+
+
+@pytest.mark.parametrize("name, split_k", [("cute", 1), ("TILE_M", 1), ("gemm_kernel", 1), ("stream", 1),
+                                           ("workspace", 2)])
+def test_input_names_the_module_cannot_take_are_refused(name, split_k):
+    with pytest.raises(BuildError, match=f"epilogue input '{name}'.*rename the input"):
+        emit(plan_of(_scaled_spec(name), split_k=split_k))
+
+
+def test_workspace_is_a_fine_input_name_without_split_k():
+    assert "workspace: cutlass.Float32" in emit(plan_of(_scaled_spec("workspace"))).source
+
+
+def test_ring_over_the_compile_arch_shared_memory_is_refused():
+    """sm_86/sm_89 CTAs get 99 KB of shared memory, not the A100's 163 KB the predicate checks: a
+    3-stage 128x256x64 ring (144 KB) compiled for them would only fail at launch."""
+    from gemmc.backends.sm80.emit import ring_smem_bytes
+    big = plan_of(GemmSpec(), tile=(128, 256, 64))
+    assert (big.pipeline.stages, ring_smem_bytes(big)) == (3, 3 * (128 + 256) * 64 * 2)
+    for arch in ("sm_80", "sm_90a"):
+        emit(big, compile_arch=arch)
+    for arch in ("sm_86", "sm_89"):
+        with pytest.raises(BuildError, match=f"147456 B of shared memory, over the 101376 B a CTA may use on {arch}"):
+            emit(big, compile_arch=arch)
+    emit(plan_of(GemmSpec(), stages=5), compile_arch="sm_86")       # 5 x 16 KB fits
+    with pytest.raises(BuildError, match="shared memory"):            # a plan past the A100's own limit
+        emit(replace(big, pipeline=replace(big.pipeline, stages=4)))

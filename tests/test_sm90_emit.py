@@ -67,7 +67,7 @@ def test_every_plan_fact_is_a_constant_of_the_source(tile, cluster, raster, swiz
     assert int(c["MAX_ACTIVE_CLUSTERS"]) == {1: 132, 2: 66, 4: 30}[cluster[0] * cluster[1]]
     sw = {128: "SW128", 64: "SW64", 32: "SW32"}
     assert c["A_SMEM_ATOM"].endswith("K_" + sw[plan.copy("a").swizzle_bytes])
-    assert c["C_SMEM_ATOM"].endswith("_" + sw[plan.copy("c").swizzle_bytes])
+    assert c["C_SMEM_ATOM"].endswith("_" + sw[plan.copy("out").swizzle_bytes])
 
 
 def test_persistent_grid_fits_the_measured_cluster_occupancy():
@@ -181,13 +181,53 @@ def test_full_input_copy_kind_follows_the_plan():
                     epilogue=(EpilogueOp("add", (A(), I("res"))), EpilogueOp("add", (N(0), I("bias")))))
     plan = plan_of(spec)
     assert plan.copy("res").kind == "tma" and plan.copy("bias").kind == "ldg"
-    staged = emit(plan).source
-    assert "tma_res, tma_res_mnl = cpasync.make_tiled_tma_atom(" in staged
-    assert "s_res[(lm, ln, 0)]" in staged and "res_v[" not in staged.split("@cute.kernel")[1]
-    assert "bias_v[(en, el)]" in staged                     # row input: plain loads, as the plan says
+    staged = emit(plan).source            # inside the module the inputs are ep0_res and ep1_bias
+    assert "tma_ep0_res, tma_ep0_res_mnl = cpasync.make_tiled_tma_atom(" in staged
+    assert "s_ep0_res[(lm, ln, 0)]" in staged and "ep0_res_v[" not in staged.split("@cute.kernel")[1]
+    assert "ep1_bias_v[(en, el)]" in staged                 # row input: plain loads, as the plan says
     copies = tuple(replace(c, kind="ldg") if c.operand == "res" else c for c in plan.copies)
     direct = emit(replace(plan, copies=copies)).source
-    assert "tma_res" not in direct and "res_v[(em, en, el)]" in direct
+    assert "tma_ep0_res" not in direct and "ep0_res_v[(em, en, el)]" in direct
+
+
+def _one_input(name, kind="full", dtype="f32"):
+    inp = EpilogueInput(name, kind, dtype) if kind != "scalar" else EpilogueInput(name, kind)
+    return GemmSpec(m="M", n=1024, k=512, inputs=(inp,),
+                    epilogue=(EpilogueOp("add" if kind == "full" else "mul", (A(), I(name))),))
+
+
+def test_an_input_named_c_is_not_the_store():
+    """`a @ b.T + c`: the plan's store copy is `out`, so a full input named c has a copy of its own (an f32 c
+    swizzles 128 bytes, the bf16 store 64), and the module names it ep0_c, apart from the store's tma_c and
+    c_smem (before, the module's host entry had two parameters named tma_c)."""
+    plan = plan_of(_one_input("c"), tile=(128, 128, 64), mode="pingpong")
+    assert plan.copy("out").kind == "tma_store" and plan.copy("c").kind == "tma"
+    assert (plan.copy("out").swizzle_bytes, plan.copy("c").swizzle_bytes) == (64, 128)
+    k = emit(plan)
+    tree = ast.parse(k.source)          # it parses: no parameter twice
+    host = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == k.entry)
+    assert [a.arg for a in host.args.args] == ["a", "b", "out", "c", "stream"]
+    assert ast.unparse(host.body[0]) == "ep0_c = c"        # rebound before any local
+    assert re.search(r"^C_SMEM_ATOM = \S+_SW64 ", k.source, re.M)
+    assert re.search(r"^EP0_C_SMEM_ATOM = \S+_SW128 ", k.source, re.M)
+
+
+@pytest.mark.parametrize("name", ["cute", "stream", "pipeline", "TILE_MNK", "gemm_kernel"])
+def test_input_names_the_module_cannot_take_are_refused(name):
+    with pytest.raises(BuildError, match=f"SM90 backend: epilogue input '{name}' .*rename the input"):
+        emit(plan_of(_one_input(name, "scalar")))
+
+
+def test_inputs_named_like_kernel_locals_compile():
+    """Scalars named like the kernel's own locals (ei, tile_l, m; m also in the serial split-K reduce kernel)
+    and a full f32 input named c compile: before, they failed in cute.compile or read the local instead."""
+    from gemmc.build import compile_with_ptx
+    for spec, sched in [(_one_input("c"), {}), (_one_input("ei", "scalar"), {}),
+                        (_one_input("tile_l", "scalar"), dict(mode="pingpong", tile=(64, 128, 64))),
+                        (_one_input("m", "scalar"), dict(split_k=3, pdl=False))]:
+        k = emit(plan_of(spec, **sched))
+        ptx = compile_with_ptx(k)[1]
+        assert "wgmma.mma_async" in ptx, spec.inputs[0].name
 
 
 def test_static_dims_stay_numbers():
@@ -454,7 +494,7 @@ def test_192_row_tiles_split_columns_between_the_consumer_warpgroups(bn, sw):
     plan = plan_of(GemmSpec(), tile=(192, bn, 64), cluster=(1, 2))
     assert tuple(plan.mma.atom_layout) == (1, 2, 1) and tuple(plan.mma.inst_shape) == (64, bn // 2, 16)
     assert plan.pipeline.epi_tile == (64, bn)
-    c = plan.copy("c")
+    c = plan.copy("out")
     assert c.box == (64, bn) and c.swizzle_bytes == sw and (bn // 2 * 2) % sw == 0
     # 128/256-row cooperative tiles keep the split by rows and 32-column sub-tiles
     plan = plan_of(GemmSpec(), tile=(256, 128, 64), cluster=(1, 2))
@@ -489,6 +529,6 @@ def test_tiles_that_32_does_not_divide_store_16_column_sub_tiles(bn, en, sw):
         assert check_schedule(Schedule(**sched), spec) == []
         plan = plan_of(spec, **sched)
         assert plan.pipeline.epi_tile == (sched["tile"][0] if sched.get("mode") == "pingpong" else 128, en)
-        assert plan.copy("c").box == (plan.pipeline.epi_tile[0], en) and plan.copy("c").swizzle_bytes == sw
-        assert plan.copy("res").box == plan.copy("c").box
+        assert plan.copy("out").box == (plan.pipeline.epi_tile[0], en) and plan.copy("out").swizzle_bytes == sw
+        assert plan.copy("res").box == plan.copy("out").box
     assert "tile N" in {v.limit for v in check_schedule(Schedule((64, 40, 64), mode="pingpong"), spec)}

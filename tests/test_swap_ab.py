@@ -58,7 +58,7 @@ def test_the_schedule_attribute_prints_and_parses_back(swap, pdl):
 def test_the_pass_gives_b_the_kernels_a_role_and_stores_from_registers():
     texts, plan = lower(EPI, SWAP.with_(cluster=(1, 2), tile=(128, 32, 64), stages="auto"))
     assert plan.swap_ab
-    a, b, c = plan.copy("a"), plan.copy("b"), plan.copy("c")
+    a, b, c = plan.copy("a"), plan.copy("b"), plan.copy("out")
     assert b.box[0] == 128 // 2 and b.multicast == 2 and b.multicast_along == "n"   # b: the kernel's A
     assert a.box[0] == 32 and a.multicast == 1                                       # a: the kernel's B
     assert c.kind == "st_global" and plan.epilogue.store == "direct"

@@ -4,6 +4,8 @@
 - `input_view_lines` / `input_value_expr`: how epilogue inputs are viewed on the host and read per element.
 - `splitk_reduce`: the deterministic split-K reduction kernel that sums the f32 partials in split
   order, applies the epilogue and writes the output, with its host launch.
+- `private_inputs` / `check_input_names`: epilogue inputs under private names inside the emitted module,
+  and the user's names that its host entry cannot take.
 - `grouped_raster_source`: `tile_coord`, the order in which work units visit output tiles (raster and
   swizzle), with a narrower last group rather than padding.
 
@@ -14,9 +16,11 @@ index `s * L + l`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ast
+from dataclasses import dataclass, replace
 from typing import Sequence
 
+from ..errors import BuildError
 from ..spec import EpilogueInput, EpilogueOp, Ref
 from ..types import DType
 
@@ -24,6 +28,43 @@ DSL_TYPE = {DType.bf16: "cutlass.BFloat16", DType.f16: "cutlass.Float16", DType.
 
 _SQRT_2_OVER_PI = 0.7978845608028654
 _INV_SQRT_2 = 0.7071067811865476
+
+
+def private_inputs(inputs: Sequence[EpilogueInput], ops: Sequence[EpilogueOp]):
+    """The epilogue inputs (and the ops reading them) renamed `ep{i}_{name}`: the emitted kernels have locals
+    and module names of their own (`s`, `m`, `l`, `tiles`, `tma_c`, `c_smem` ...); an input of that name would
+    read or clash with them. The host entry takes the user's names and rebinds them first thing."""
+    names = {x.name: f"ep{i}_{x.name}" for i, x in enumerate(inputs)}
+    renamed = tuple(replace(x, name=names[x.name]) for x in inputs)
+
+    def ref(r: Ref) -> Ref:
+        return Ref.input(names[r.value]) if r.kind == "input" else r
+    return renamed, tuple(replace(op, args=tuple(ref(r) for r in op.args)) for op in ops)
+
+
+def rebind_inputs(user_inputs: Sequence[EpilogueInput], inputs: Sequence[EpilogueInput]) -> list[str]:
+    """The host entry's first line: one parallel assignment of the private names, before any local is bound."""
+    if not inputs:
+        return []
+    return [f"{', '.join(x.name for x in inputs)} = {', '.join(u.name for u in user_inputs)}"]
+
+
+def check_input_names(source: str, inputs: Sequence[EpilogueInput], host_params: set[str], backend: str) -> None:
+    """The host entry takes the inputs under the user's names (identifiers, not keywords: GemmSpec checks):
+    one that is another host parameter (stream, workspace) or a module-level name of the kernel module (cute,
+    TILE_MNK, gemm_kernel ...) breaks the module."""
+    module_names = set(host_params)
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            module_names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            module_names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            module_names |= {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    for x in inputs:
+        if x.name in module_names:
+            raise BuildError(f"{backend} backend: epilogue input {x.name!r} has the name of the kernel module's "
+                             f"{x.name!r} (a parameter or module-level name); rename the input")
 
 
 def dsl_type(dtype: DType) -> str:

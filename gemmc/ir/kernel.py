@@ -9,7 +9,7 @@
     kernel.cluster 2x1                                              // tma-cluster-layout
     kernel.copy a tma box 128x64 swizzle 128 evict_first true
     kernel.copy b tma box 64x64 swizzle 128 multicast 2 along m evict_first true
-    kernel.copy c tma_store box 128x32 swizzle 64
+    kernel.copy out tma_store box 128x32 swizzle 64
     kernel.pipeline stages 6 barriers [full, empty] epi_stages 2 epi_tile 128x32 smem 214016   // pipeline-staging
     kernel.tile_scheduler persistent true raster m swizzle 1 split_k 1 split_k_mode none pdl true pdl_early_ctas 82 pdl_full_ctas 118 pdl_prefetch_k_tiles 2
     kernel.epilogue store tma {
@@ -408,11 +408,15 @@ class KernelGemmOp(GemmSignature):
         if sched is not None and sched.get("pdl") and self.arch.data != "sm_90a":
             raise VerifyException(f"kernel.tile_scheduler: pdl true needs sm_90a (griddepcontrol), but the kernel "
                                   f"is {self.arch.data}: drop `pdl true` (sm_80 kernels launch plain)")
+        names = {"a", "b", "out"} | {arg_name(x) for x in self.inputs}
+        seen = set()
         for copy in self.ops_of(CopyOp):
-            names = {"a", "b", "c"} | {arg_name(x) for x in self.inputs}
-            if copy.get("operand") not in names:
-                raise VerifyException(f"kernel.copy: unknown operand {copy.get('operand')!r}; "
-                                      f"use one of {sorted(names)}")
+            operand = copy.get("operand")
+            if operand not in names:
+                raise VerifyException(f"kernel.copy: unknown operand {operand!r}; use one of {sorted(names)}")
+            if operand in seen:
+                raise VerifyException(f"kernel.copy: two copies of operand {operand!r}; keep one")
+            seen.add(operand)
 
     def print_header(self, printer: Printer) -> None:
         printer.print_string(f"\narch {self.arch.data} tile ")

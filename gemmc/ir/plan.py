@@ -40,7 +40,7 @@ class WarpGroup:                        # assign-warpgroup-roles
 
 @dataclass(frozen=True)
 class OperandCopy:                      # tma-cluster-layout
-    operand: str                        # "a" | "b" | "c" | an epilogue input name
+    operand: str                        # "a" | "b" | "out" (the store) | an epilogue input name
     kind: str                           # "tma" | "tma_store" | "cp_async" | "ldg" (plain loads: vectors)
                                         # | "st_global" (plain stores from registers: swapped A/B)
     box: tuple[int, int]                # TMA box (rows, cols) in elements; cp.async: the CTA tile

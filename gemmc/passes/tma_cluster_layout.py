@@ -65,10 +65,10 @@ def operand_copies(s: Schedule, spec: GemmSpec) -> list[CopyOp]:
     # a sub-tile split between two warpgroups' columns: its swizzle atoms must tile each half
     sw_cols = en // 2 if sm90 and splits_n(s) else en
     if sm90 and s.swap_ab:
-        copies.append(CopyOp.make(operand="c", kind="st_global", box=(1, 1), swizzle_bytes=0,
+        copies.append(CopyOp.make(operand="out", kind="st_global", box=(1, 1), swizzle_bytes=0,
                                   vector_bytes=spec.out_dtype.bytes))
     elif sm90:
-        copies.append(CopyOp.make(operand="c", kind="tma_store", box=(em, en),
+        copies.append(CopyOp.make(operand="out", kind="tma_store", box=(em, en),
                                   swizzle_bytes=swizzle_bytes(sw_cols, spec.out_dtype)))
     for x in spec.inputs:
         if x.kind == "full":

@@ -22,7 +22,7 @@ builtin.module {
 // CHECK:   kernel.cluster 2x1
 // CHECK:   kernel.copy a tma box 128x64 swizzle 128
 // CHECK:   kernel.copy b tma box 128x64 swizzle 128 multicast 2 along m
-// CHECK:   kernel.copy c tma_store box 128x32 swizzle 64
+// CHECK:   kernel.copy out tma_store box 128x32 swizzle 64
 // CHECK:   kernel.copy bias ldg box 1x256 swizzle 0
 // CHECK:   kernel.pipeline stages 4 barriers [full, empty] epi_stages 2 epi_tile 128x32 smem 214016
 // CHECK:   kernel.tile_scheduler persistent true raster m swizzle 8 split_k 1 split_k_mode none pdl true

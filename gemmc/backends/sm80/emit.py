@@ -19,12 +19,17 @@ from ...errors import BuildError
 from ...ir.plan import KernelPlan
 from ...types import DType
 from .. import EmittedKernel, Param
-from ..common import (dsl_type, grouped_raster_source, epilogue_math_lines, input_kernel_args, input_kernel_params,
-                      input_value_expr, input_view_lines, splitk_reduce)
+from ..common import (check_input_names, dsl_type, epilogue_math_lines, grouped_raster_source, input_kernel_args,
+                      input_kernel_params, input_value_expr, input_view_lines, private_inputs, rebind_inputs,
+                      splitk_reduce)
 
 ENTRY = "gemm_sm80"
 # The kernel uses only sm_80 instructions; sm_90a builds the same code for Hopper (no A100 here).
 SM80_COMPILE_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_90")
+# Shared memory one CTA may opt into on each (CUDA programming guide): sm_86/sm_89 parts have 99 KB, so a
+# ring that fits an A100's 163 KB (what the schedule predicate checks) fails to launch there.
+SMEM_PER_CTA = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90a": 227 * 1024,
+                "sm_90": 227 * 1024}
 
 
 def emit(plan: KernelPlan, compile_arch: str | None = None) -> EmittedKernel:
@@ -35,6 +40,11 @@ def emit(plan: KernelPlan, compile_arch: str | None = None) -> EmittedKernel:
     compile_arch = compile_arch or os.environ.get("GEMMC_SM80_COMPILE_ARCH") or "sm_80"
     if compile_arch not in SM80_COMPILE_ARCHS:
         raise BuildError(f"compile_arch {compile_arch!r} cannot run the SM80 kernel; use one of {SM80_COMPILE_ARCHS}")
+    smem = ring_smem_bytes(plan)
+    if smem > SMEM_PER_CTA[compile_arch]:
+        raise BuildError(f"SM80 backend: the {plan.pipeline.stages}-stage A/B ring needs {smem} B of shared memory, "
+                         f"over the {SMEM_PER_CTA[compile_arch]} B a CTA may use on {compile_arch}; use fewer stages "
+                         "or a smaller tile")
     params = kernel_params(plan)
     return EmittedKernel(arch=plan.arch, source=_source(plan, params), entry=ENTRY, params=params,
                          compile_arch=compile_arch)
@@ -103,6 +113,13 @@ def _check_plan(plan: KernelPlan) -> None:
         bad("split_k_mode fixup (the in-kernel split-K sum is SM90's)", "split_k_mode serial: the reduce kernel sums")
     if plan.epilogue.store != "direct":
         bad(f"epilogue store {plan.epilogue.store!r}", "SM80 stores from registers: store='direct'")
+
+
+def ring_smem_bytes(plan: KernelPlan) -> int:
+    """Shared memory of the kernel: the A and B rings, each allocated at a 1024-byte boundary."""
+    bm, bn, bk = plan.tile
+    per_row = bk * plan.pipeline.stages * plan.problem.a_dtype.bytes
+    return sum(math.ceil(rows * per_row / 1024) * 1024 for rows in (bm, bn))
 
 
 def _contiguous_extent(plan: KernelPlan, op: str) -> int:
@@ -401,7 +418,8 @@ def _source(plan: KernelPlan, params: tuple[Param, ...]) -> str:
     ep = plan.epilogue
     batched = p.batch is not None
     split = plan.scheduler.split_k > 1
-    inputs = tuple(ep.inputs)
+    user_inputs = tuple(ep.inputs)
+    inputs, ops = private_inputs(user_inputs, tuple(ep.ops))
     # kernel signature: the (M, N, L) views, then the inputs (or the workspace), then static objects
     kparams = ["mA: cute.Tensor", "mB: cute.Tensor", "mC: cute.Tensor"]
     kargs = ["mA", "mB", "mC"]
@@ -420,7 +438,7 @@ def _source(plan: KernelPlan, params: tuple[Param, ...]) -> str:
     out = [_header(plan), _HELPERS + grouped_raster_source("RASTER_M", "GROUP")]
     if split:
         # sm_80 has no PDL: the reduce kernel launches plain, after the main kernel on the stream
-        reduce = splitk_reduce(ep.ops, inputs, plan.scheduler.split_k, p.out_dtype, "mW", "mC")
+        reduce = splitk_reduce(ops, inputs, plan.scheduler.split_k, p.out_dtype, "mW", "mC")
         out.append(reduce.source)
 
     # ---- kernel
@@ -432,7 +450,7 @@ def _source(plan: KernelPlan, params: tuple[Param, ...]) -> str:
         out.append(_STORE_PARTIAL.rstrip("\n"))
     else:
         vals = {i.name: input_value_expr(i, "m", "n", "l") for i in inputs}
-        math_lines, result = epilogue_math_lines(ep.ops, "acc_i", vals)
+        math_lines, result = epilogue_math_lines(ops, "acc_i", vals)
         body = "\n".join(" " * 12 + ln for ln in math_lines) or " " * 12 + "pass"
         body2 = "\n".join(" " * 16 + ln for ln in math_lines) or " " * 16 + "pass"
         out.append(_STORE_OUT.replace("@MATH@", body).replace("@MATH2@", body2).replace("@RESULT@", result).rstrip("\n"))
@@ -442,6 +460,7 @@ def _source(plan: KernelPlan, params: tuple[Param, ...]) -> str:
     out.append("\n\n@cute.jit")
     out.append(f"def {ENTRY}({', '.join(sig + ['stream'])}):")
     out.append('    """Host side: (M, N, L) views of the storage-shape tensors, static layouts, launch."""')
+    out += ["    " + ln for ln in rebind_inputs(user_inputs, inputs)]
     out.append(f"    mA = mkl_view(a, A_K_MAJOR, {batched})")
     out.append(f"    mB = mkl_view(b, B_K_MAJOR, {batched})")
     out.append(f"    mC = mkl_view(out, True, {batched})")
@@ -474,4 +493,7 @@ def _source(plan: KernelPlan, params: tuple[Param, ...]) -> str:
     out.append("        grid=[tiles, SPLIT_K, num_l], block=[THREADS, 1, 1], stream=stream)")
     if split:
         out += ["    " + ln for ln in reduce.launch_lines]
-    return "\n".join(out) + "\n"
+    source = "\n".join(out) + "\n"
+    host_params = {q.name for q in params if q.role not in ("input", "scalar")} | {"stream"}
+    check_input_names(source, user_inputs, host_params, "SM80")
+    return source

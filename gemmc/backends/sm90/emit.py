@@ -37,8 +37,9 @@ from ...errors import BuildError
 from ...ir.plan import KernelPlan
 from ...types import DType
 from .. import EmittedKernel, Param
-from ..common import (dsl_type, grouped_raster_source, epilogue_math_lines, input_kernel_args, input_kernel_params,
-                      input_value_expr, input_view_lines, splitk_reduce)
+from ..common import (check_input_names, dsl_type, epilogue_math_lines, grouped_raster_source, input_kernel_args,
+                      input_kernel_params, input_value_expr, input_view_lines, private_inputs, rebind_inputs,
+                      splitk_reduce)
 
 _SWIZZLE_KIND = {128: "SW128", 64: "SW64", 32: "SW32", 0: "INTER"}
 
@@ -65,8 +66,8 @@ def _check(plan: KernelPlan) -> None:
         if c.kind != "tma":
             raise BuildError(f"SM90 operand {op} copy kind {c.kind!r}; expected 'tma'")
     want_c = "st_global" if plan.swap_ab else "tma_store"
-    if plan.copy("c").kind != want_c:
-        raise BuildError(f"SM90 store copy kind {plan.copy('c').kind!r}; expected {want_c!r} "
+    if plan.copy("out").kind != want_c:
+        raise BuildError(f"SM90 store copy kind {plan.copy('out').kind!r}; expected {want_c!r} "
                          f"(swap_ab={plan.swap_ab})")
     if plan.swap_ab and plan.scheduler.split_k_mode == "serial":
         raise BuildError("a swapped (swap_ab) SM90 plan sums its split-K partials in the kernel: use "
@@ -129,10 +130,11 @@ def _mul_dim(k: int, d):
 
 
 def tma_inputs(plan: KernelPlan, inputs) -> list:
-    """Full (M x N) epilogue inputs the plan loads with TMA into smem, per epilogue sub-tile.
-    Inputs without a copy in the plan, or with kind "ldg", are read straight from global memory."""
-    names = {c.operand: c for c in plan.copies}
-    return [i for i in inputs if i.kind == "full" and i.name in names and names[i.name].kind == "tma"]
+    """Full (M x N) epilogue inputs the plan loads with TMA into smem, per epilogue sub-tile, as (the plan's
+    input, `inputs`' one in its place: private_inputs' renamed twin). Inputs without a copy in the plan, or
+    with kind "ldg", are read straight from global memory."""
+    kinds = {c.operand: c.kind for c in plan.copies if c.operand not in ("a", "b", "out")}
+    return [(u, x) for u, x in zip(plan.epilogue.inputs, inputs) if u.kind == "full" and kinds.get(u.name) == "tma"]
 
 
 def _smem_atom(major_is_k: bool, swizzle_bytes: int) -> str:
@@ -156,7 +158,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     # the kernel's A and B operands: the problem's a and b, or b and a when swapped
     ka, kb = ("b", "a") if swap else ("a", "b")
     ka_major, kb_major = (p.b_major, p.a_major) if swap else (p.a_major, p.b_major)
-    ca, cb, cc = plan.copy(ka), plan.copy(kb), plan.copy("c")
+    ca, cb, cc = plan.copy(ka), plan.copy(kb), plan.copy("out")
     bm, bn, bk = plan.tile
     cm, cn = plan.cluster
     prod = plan.role("producer")[0]
@@ -172,8 +174,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     if ca.multicast != cn or cb.multicast != cm:
         raise BuildError(f"plan multicast (a: {ca.multicast}, b: {cb.multicast}) does not match cluster {plan.cluster} "
                          "(A is multicast along the cluster's N extent, B along its M extent)")
-    inputs = plan.epilogue.inputs
-    ops = plan.epilogue.ops
+    # inside the module the inputs go by private names (the host entry rebinds the user's first thing)
+    inputs, ops = private_inputs(plan.epilogue.inputs, plan.epilogue.ops)
     # split-K through the reduce kernel: the main kernel writes raw f32 partials, the reduce kernel applies
     # the epilogue; under the in-kernel fix-up the last split of each tile runs the plan's epilogue itself
     store_dtype = DType.f32 if reduce_kernel else p.out_dtype
@@ -244,10 +246,10 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         facts += ("\nSWAP_AB = True                          # schedule swap_ab: the kernel's A is b, its B is a; "
                   "out is stored transposed")
     staged = tma_inputs(plan, main_inputs)
-    for i in staged:
-        c = plan.copy(i.name)
+    for u, i in staged:
+        c = plan.copy(u.name)
         facts += (f"\n{i.name.upper()}_SMEM_ATOM = {_smem_atom(True, c.swizzle_bytes)}   "
-                  f"# tma-cluster-layout: epilogue input {i.name} box {c.box}, {c.swizzle_bytes}-byte swizzle, "
+                  f"# tma-cluster-layout: epilogue input {u.name} box {c.box}, {c.swizzle_bytes}-byte swizzle, "
                   f"one buffer")
     if sk > 1:
         facts += "\n\n\n" + _block('''
@@ -316,7 +318,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     kernel_in_args = (["workspace", "semaphores"] if sums_partials else []) + input_kernel_args(main_inputs)
     staged_host = []
     staged_storage = []
-    for i in staged:
+    for _, i in staged:
         nm = i.name
         staged_host += [
             f"# epilogue input {nm}: TMA-loaded into smem one epilogue sub-tile at a time",
@@ -342,7 +344,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
 
 
         @cute.jit
-        def $entry($host_params):
+        def $entry($host_params):$rebind
             # storage-shape tensors -> (M,K,L) / (N,K,L) / (M,N,L) views
             a_mkl = $a_view
             b_nkl = $b_view
@@ -386,7 +388,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                 grid=grid, block=[THREADS, 1, 1], cluster=(*CLUSTER_MN, 1), min_blocks_per_mp=1, stream=stream,
                 use_pdl=PDL)
         $reduce_lines
-    ''', entry=entry, host_params=host_params, a_view=a_view, b_view=b_view, out_view=out_view,
+    ''', entry=entry, host_params=host_params, rebind="".join("\n    " + ln for ln in rebind_inputs(plan.epilogue.inputs, inputs)),
+        a_view=a_view, b_view=b_view, out_view=out_view,
         ws_line=("    ws_mnl = " + ws_view) if reduce_kernel else "",
         in_views=_indent(in_views, 4), a_k=ka_major == "k", b_k=kb_major == "k",
         c_args="out_mnl, out_mnl" if swap else "tma_c, tma_c_mnl, out_mnl",
@@ -418,6 +421,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         parts.append(reduce.source.strip("\n"))
     source = resolve_mode("\n\n\n".join(parts), pingpong)
     source = "\n".join(ln.rstrip() for ln in source.split("\n")) + "\n"
+    check_input_names(source, plan.epilogue.inputs, {q.name for q in params if q.role not in ("input", "scalar")}
+                      | {"stream"}, "SM90")
     return EmittedKernel(arch="sm_90a", source=source, entry=entry, params=params, compile_arch="sm_90a")
 
 
@@ -443,7 +448,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup
     kparams = "".join(",\n    " + x for x in (["mWS: cute.Tensor", "mSem: cute.Tensor"] if sums_partials else [])
                       + input_kernel_params(inputs))
 
-    staged = tma_inputs(plan, inputs)
+    staged = [i for _, i in tma_inputs(plan, inputs)]
     kparams += "".join(f",\n    tma_{i.name}: cute.CopyAtom, tma_{i.name}_mnl: cute.Tensor, {i.name}_smem: cute.ComposedLayout"
                        for i in staged)
     staged_loop = ""
