@@ -225,7 +225,9 @@ class CublasRoute:
             self._check(a, b, out)
         except (TypeError, ValueError) as e:
             self.launcher.validate(*args, out=out)      # raises the LaunchError that says what to change
-            raise LaunchError(f"{self.launcher.name}: the cuBLAS route rejected its arguments: {e}") from e
+            if a.numel() and b.numel() and (out is None or out.numel()):
+                raise LaunchError(f"{self.launcher.name}: the cuBLAS route rejected its arguments: {e}") from e
+            # an empty problem (strides of empty tensors are arbitrary): torch.matmul handles it
         a = a.mT if self._a_km else a
         b = b.mT if self._b_nk else b
         return self._torch_matmul(a, b) if out is None else self._torch_matmul(a, b, out=out)

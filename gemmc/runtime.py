@@ -537,6 +537,8 @@ class Launcher:
     `device_type` is "cuda"; the CPU tests pass "cpu" to exercise the other checks without a GPU.
     `always_validate` (or GEMMC_VALIDATE=1) runs the Python validator on every call instead of only
     when the compiled function's prologue rejects the arguments.
+    An empty problem never launches: with M, N or the batch 0 the (empty) output is returned as it is; with
+    K = 0, `zero_k(a, b, inputs, out)` writes the epilogue of a zero accumulator (a LaunchError without it).
     """
 
     def __init__(self, params: Sequence[Param], *, function: Optional[Callable] = None,
@@ -544,7 +546,8 @@ class Launcher:
                  runtime_flavor: str = "", so_sha256: Optional[str] = None,
                  name: str = "kernel", device_type: str = "cuda",
                  on_load_error: Optional[Callable[[Exception], Callable]] = None,
-                 always_validate: Optional[bool] = None, signature: Optional[CallSignature] = None):
+                 always_validate: Optional[bool] = None, signature: Optional[CallSignature] = None,
+                 zero_k: Optional[Callable] = None):
         if function is None and so_path is None:
             raise ValueError("Launcher needs a function or a so_path")
         if signature is not None:       # messages name the caller's parameters: x and w, not a and b
@@ -560,6 +563,7 @@ class Launcher:
         self._flavor = runtime_flavor
         self._so_sha256 = so_sha256
         self._on_load_error = on_load_error
+        self._zero_k = zero_k
 
         outs = [i for i, p in enumerate(self.params) if p.kind == "tensor" and p.role == "out"]
         if len(outs) != 1:
@@ -580,6 +584,8 @@ class Launcher:
                                     if p.kind == "tensor" and i != self._out_index)
         self._out_check = _TensorCheck(self.params[self._out_index], self._out_index, batched)
         self._scalars = tuple(i for i, p in enumerate(self.params) if p.kind == "scalar")
+        self._operands = tuple(i for i, p in enumerate(self.params) if p.kind == "tensor" and p.role in ("a", "b"))
+        self._epilogue_inputs = tuple(i for i, p in enumerate(self.params) if p.role in ("input", "scalar"))
         self._workspaces = tuple(
             (i, compile(p.workspace_elems or "0", f"<{p.name}.workspace_elems>", "eval"))
             for i, p in enumerate(self.params) if p.kind in ("workspace", "semaphore"))
@@ -698,6 +704,8 @@ class Launcher:
             elif prev != v:
                 raise LaunchError(f"{c.name}.shape[{i}] gives {d}={v} but {where[d]} gives {d}={prev}: "
                                   f"the arguments disagree on {d} (expected {c.name} of shape {c.shape_text})")
+        if t.numel() == 0:      # an empty problem never launches: its strides and address are never read
+            return device
         stride = t.stride()
         if stride[c.contig] != 1 and shape[c.contig] != 1:
             raise LaunchError(f"{c.name}.stride({c.contig - c.rank}) must be 1 (dim {c.contig} is the "
@@ -808,6 +816,7 @@ class Launcher:
                              or all(out.shape[d] == 1 for d in self._out_unit_dims)))
             if prepared:
                 sizes = {name: args[j].shape[d] for name, j, d in self._dim_sources}
+                prepared = 0 not in sizes.values()      # an empty problem takes the checked path
                 device = args[self._first_tensor].device
                 values = self._template.copy()
                 for j, i in enumerate(self._user):
@@ -827,11 +836,27 @@ class Launcher:
 
     def _call_checked(self, args: tuple, out, rejected: Optional[Exception] = None):
         values, result = self._prepare(args, out)
+        if result.numel() == 0 or any(values[i].numel() == 0 for i in self._operands):
+            return self._empty_problem(values, result)
         try:
             self.function(*values)
         except (ValueError, TypeError) as e:
             raise LaunchError(f"{self.name}: the kernel rejected its arguments: {e}") from (rejected or e)
         return result
+
+
+    def _empty_problem(self, values: list, out):
+        """M, N or a batch of 0: nothing to compute. K of 0: the accumulator is 0, so the output is the epilogue
+        of 0, as torch gives it. Neither launches: the kernels' host code divides by the tile counts and
+        would stop the process (SIGFPE), and a TMA descriptor cannot describe an empty dim."""
+        if out.numel() == 0:
+            return out
+        if self._zero_k is None:
+            raise LaunchError(f"{self.name}: K = 0 (empty A and B) and this launcher has no spec to evaluate the "
+                              "epilogue of a zero accumulator; call it through gemmc.compile(...) or skip K = 0")
+        a, b = (values[i] for i in self._operands)
+        self._zero_k(a, b, [values[i] for i in self._epilogue_inputs], out)
+        return out
 
 
 _GRID_CHECKED: set = set()
@@ -863,16 +888,19 @@ def check_persistent_grid(arch: str, device_index: Optional[int] = None) -> Opti
     return msg
 
 
-def launcher_from_artifact(artifact, *, on_load_error=None, signature: Optional[CallSignature] = None) -> Launcher:
+def launcher_from_artifact(artifact, *, on_load_error=None, signature: Optional[CallSignature] = None,
+                           zero_k: Optional[Callable] = None) -> Launcher:
     """A Launcher for a cached `Artifact` (needs only its meta, never the compiler). Loading an SM90
     kernel on a GPU whose SM count differs from the one its grid was sized for warns once per device.
-    `signature`: the caller's own arguments (see `Launcher`), e.g. a @gemmc.kernel function's."""
+    `signature`: the caller's own arguments (see `Launcher`), e.g. a @gemmc.kernel function's. `zero_k(a, b,
+    inputs, out)` writes the output of a K = 0 call (see `Launcher`)."""
     meta = artifact.meta
     check_persistent_grid(meta.get("arch", ""))
     return Launcher([param_from_dict(d) for d in meta["params"]], so_path=artifact.so_path,
                     function_name=meta["function"], runtime_flavor=meta.get("runtime_flavor", ""),
                     so_sha256=artifact.so_sha256,
-                    name=meta.get("entry", "kernel"), on_load_error=on_load_error, signature=signature)
+                    name=meta.get("entry", "kernel"), on_load_error=on_load_error, signature=signature,
+                    zero_k=zero_k)
 
 
 _ARCH_OF_MAJOR = {9: "sm_90a", 8: "sm_80"}      # compute capability major -> the arch gemmc builds for it

@@ -270,3 +270,54 @@ def test_gemm_end_to_end_through_the_runtime():
         want = a.float() @ b.float().t()
         err = (c.float() - want).norm() / want.norm()
         assert err < 1e-2, (m, float(err))
+
+
+EMPTY_SCHEDULES = {"coop": dict(tile=(128, 128, 64)), "pingpong": dict(tile=(64, 128, 64), mode="pingpong"),
+                   "swap": dict(tile=(64, 16, 128), mode="pingpong", swap_ab=True),
+                   "fixup": dict(tile=(128, 128, 64), split_k=2),
+                   "serial": dict(tile=(128, 128, 64), split_k=3, pdl=False),
+                   "stream_k": dict(tile=(128, 128, 64), stream_k=True),
+                   "sm80": dict(tile=(128, 128, 32), arch="sm_80")}
+
+
+@pytest.mark.parametrize("name", list(EMPTY_SCHEDULES))
+def test_empty_problems_do_not_launch(name, monkeypatch):
+    """M, N or L of 0 return the empty output, K of 0 the epilogue of a zero accumulator (bias here), as torch
+    does; before, M = 0 stopped the process with SIGFPE in the kernel's host code. The context stays usable."""
+    import gemmc
+    monkeypatch.setenv("GEMMC_SM80_COMPILE_ARCH", "sm_90a")
+    R = gemmc.spec.Ref
+    spec = gemmc.GemmSpec("M", "N", "K", batch="L", inputs=(gemmc.EpilogueInput("bias", "row", "bf16"),),
+                          epilogue=(gemmc.EpilogueOp("add", (R("acc"), R("input", "bias"))),))
+    k = gemmc.compile(spec, gemmc.Schedule(**EMPTY_SCHEDULES[name]))
+    for m, n, kk, batch in [(0, 256, 256, 2), (64, 0, 256, 2), (64, 256, 0, 2), (64, 256, 256, 0)]:
+        a = torch.randn(batch, m, kk, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(batch, n, kk, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(batch, n, device="cuda", dtype=torch.bfloat16)
+        want = (a.float() @ b.float().transpose(1, 2) + bias.float()[:, None, :]).bfloat16()
+        out = k(a, b, bias)
+        mine = torch.full((batch, m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        assert k(a, b, bias, out=mine) is mine
+        torch.cuda.synchronize()
+        assert out.shape == (batch, m, n) and torch.equal(out, want) and torch.equal(mine, want), (m, n, kk, batch)
+    x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)      # and a real call after them
+    w = torch.randn(200, 512, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(1, 200, device="cuda", dtype=torch.bfloat16)
+    got = k(x[None], w[None], bias)
+    torch.cuda.synchronize()
+    from gemmc.reference import checked_error
+    assert checked_error(spec, got, x[None], w[None], [bias]) < 1e-2
+
+
+def test_auto_takes_empty_problems_on_both_routes():
+    """`auto` with a symbolic M: M = 0 has no bucket (the default kernel's launcher returns the empty output);
+    the cuBLAS route passes K = 0 (arbitrary strides of empty tensors) to torch.matmul."""
+    import gemmc
+    k = gemmc.compile(gemmc.GemmSpec("M", 28672, 4096), schedule="auto")
+    b = torch.randn(28672, 4096, device="cuda", dtype=torch.bfloat16)
+    assert k(torch.empty(0, 4096, device="cuda", dtype=torch.bfloat16), b).shape == (0, 28672)
+    route = gemmc.compile(gemmc.GemmSpec("M", "N", "K"), schedule="auto").cublas_route
+    got = route(torch.empty(5, 0, device="cuda", dtype=torch.bfloat16),
+                torch.empty(7, 0, device="cuda", dtype=torch.bfloat16))
+    torch.cuda.synchronize()
+    assert got.shape == (5, 7) and not got.any()

@@ -669,3 +669,66 @@ def test_an_intact_so_that_does_not_load_is_not_rebuilt(tmp_path):
     with pytest.raises(KernelLoadError, match="does not load on this host"):
         k.function
     assert seen == []
+
+
+# -- empty problems -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("always_validate", [True, False])
+@pytest.mark.parametrize("m,n", [(0, 48), (33, 0), (0, 0)])
+def test_an_empty_output_returns_without_launching(m, n, always_validate):
+    """M or N of 0: the kernels' host code divides by the tile counts (SIGFPE on the H200: the process died),
+    so nothing launches and the empty output comes back, allocated or the caller's."""
+    k, rec = cpu_launcher(GEMM_PARAMS, always_validate=always_validate)
+    a, b, bias = torch.randn(m, 64).bfloat16(), torch.randn(n, 64).bfloat16(), torch.randn(n)
+    c = k(a, b, bias, 1.0)
+    assert c.shape == (m, n) and rec.calls == []
+    mine = torch.empty(m, n, dtype=torch.bfloat16)
+    assert k(a, b, bias, 1.0, out=mine) is mine and rec.calls == []
+
+
+def test_an_empty_batch_returns_without_launching():
+    params = (Param("a", "tensor", DType.bf16, ("L", "M", "K"), -1, role="a"),
+              Param("b", "tensor", DType.bf16, ("L", "N", "K"), -1, role="b"),
+              Param("c", "tensor", DType.bf16, ("L", "M", "N"), -1, role="out"))
+    k, rec = cpu_launcher(params, always_validate=False)
+    c = k(torch.randn(0, 5, 32).bfloat16(), torch.randn(0, 8, 32).bfloat16())
+    assert c.shape == (0, 5, 8) and rec.calls == []
+
+
+@pytest.mark.parametrize("always_validate", [True, False])
+def test_k_of_zero_writes_the_epilogue_of_a_zero_accumulator(always_validate):
+    """K = 0: no launch; `zero_k` gets a, b, the epilogue inputs in param order and the output. Empty tensors'
+    strides are arbitrary ((M, 0) is (1, 1) in torch): they pass the alignment checks."""
+    seen = []
+
+    def zero_k(a, b, inputs, out):
+        seen.append((a.shape, b.shape, len(inputs)))
+        out.copy_(inputs[0].to(out.dtype).expand_as(out) * inputs[1])
+
+    k, rec = cpu_launcher(GEMM_PARAMS, always_validate=always_validate, zero_k=zero_k)
+    a, b, bias = torch.empty(33, 0).bfloat16(), torch.empty(48, 0).bfloat16(), torch.randn(48)
+    assert a.stride() == (1, 1)
+    c = k(a, b, bias, 2.0)
+    assert rec.calls == [] and seen == [((33, 0), (48, 0), 2)]
+    assert torch.equal(c, (bias.bfloat16() * 2.0).expand(33, 48))
+    bare, _ = cpu_launcher(GEMM_PARAMS, always_validate=always_validate)
+    with pytest.raises(LaunchError, match="K = 0 .* no spec to evaluate the epilogue"):
+        bare(a, b, bias, 2.0)
+
+
+def test_compiled_kernels_answer_k_of_zero_with_the_epilogue_of_zero():
+    """What gemmc.compile's kernels pass as zero_k: relu(0 * alpha + bias), as torch gives it."""
+    import gemmc
+    from gemmc.compiled import CompiledKernel
+    R = gemmc.spec.Ref
+    spec = gemmc.GemmSpec("M", "N", "K", inputs=(gemmc.EpilogueInput("alpha", "scalar"),
+                                                 gemmc.EpilogueInput("bias", "row", "bf16")),
+                          epilogue=(gemmc.EpilogueOp("mul", (R("acc"), R("input", "alpha"))),
+                                    gemmc.EpilogueOp("add", (R("node", 0), R("input", "bias"))),
+                                    gemmc.EpilogueOp("relu", (R("node", 1),))))
+    k = gemmc.compile(spec, gemmc.Schedule())
+    a, b = torch.empty(5, 0).bfloat16(), torch.empty(7, 0).bfloat16()
+    bias = torch.randn(7).bfloat16()
+    out = torch.full((5, 7), float("nan")).bfloat16()
+    CompiledKernel(k.emitted, spec=spec)._zero_k(a, b, [3.0, bias], out)
+    assert torch.equal(out, torch.relu(bias.float()).bfloat16().expand(5, 7))
