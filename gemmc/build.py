@@ -279,8 +279,11 @@ def emitted_key(emitted: EmittedKernel, material: Optional[str] = None,
 
 
 def param_to_dict(p: Param) -> dict:
-    return {"name": p.name, "kind": p.kind, "dtype": str(p.dtype), "shape": list(p.shape),
-            "contiguous": p.contiguous, "role": p.role, "workspace_elems": p.workspace_elems}
+    d = {"name": p.name, "kind": p.kind, "dtype": str(p.dtype), "shape": list(p.shape),
+         "contiguous": p.contiguous, "role": p.role, "workspace_elems": p.workspace_elems}
+    if p.limits:        # only where set: every other kernel keeps its cache key
+        d["limits"] = [list(x) for x in p.limits]
+    return d
 
 
 def _runtime_flavor(libs: list[str]) -> str:

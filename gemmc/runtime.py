@@ -177,7 +177,8 @@ def load_function(so_path: str, function_name: str, flavor: str = "",
 def param_from_dict(d: dict) -> Param:
     return Param(name=d["name"], kind=d["kind"], dtype=DType(d["dtype"]),
                  shape=tuple(d.get("shape", ())), contiguous=d.get("contiguous", -1),
-                 role=d.get("role", ""), workspace_elems=d.get("workspace_elems"))
+                 role=d.get("role", ""), workspace_elems=d.get("workspace_elems"),
+                 limits=tuple(tuple(x) for x in d.get("limits", ())))
 
 
 # -- validation plan (precomputed once per kernel) ---------------------------------------------------
@@ -602,6 +603,9 @@ class Launcher:
                     seen.add(dim)
                     self._dim_sources.append((dim, j, d))
         self._dim_sources = tuple(self._dim_sources)
+        # named dims a launch grid carries, with their largest extent: a larger call takes the checked path
+        self._limit_dims = tuple((p.shape[d], most, f"{p.name}.shape[{d}]") for p in self.params
+                                 if p.kind == "tensor" for d, most in p.limits if isinstance(p.shape[d], str))
         # Static extents of 1 are compiled as free symbols (gemmc.build._fake_extent), so the prologue cannot
         # check them: the fast path does, (call position, dim) and the output's dims.
         self._unit_dims = tuple((j, d) for j, i in enumerate(self._user) if self.params[i].kind == "tensor"
@@ -753,6 +757,12 @@ class Launcher:
             if missing:
                 raise LaunchError(f"{self.name}: cannot size the output: dims {missing} appear only in "
                                   f"{self._out_check.name}; pass out=")
+        for d, most, where_d in self._limit_dims:
+            if sizes.get(d, 0) > most:
+                raise LaunchError(f"{self.name}: {where_d} ({d}) = {sizes[d]} is more than the {most} blocks this "
+                                  "kernel's launch grid carries along that dim: split the call (e.g. the batch in "
+                                  f"chunks of {most}), or use an SM90 schedule without serial split-K (its grid is "
+                                  "persistent)")
         return values, sizes, device
 
     # -- allocation --
@@ -816,7 +826,9 @@ class Launcher:
                              or all(out.shape[d] == 1 for d in self._out_unit_dims)))
             if prepared:
                 sizes = {name: args[j].shape[d] for name, j, d in self._dim_sources}
-                prepared = 0 not in sizes.values()      # an empty problem takes the checked path
+                # an empty problem, or one past a grid limit, takes the checked path
+                prepared = 0 not in sizes.values() and not (
+                    self._limit_dims and any(sizes.get(d, 0) > most for d, most, _ in self._limit_dims))
                 device = args[self._first_tensor].device
                 values = self._template.copy()
                 for j, i in enumerate(self._user):

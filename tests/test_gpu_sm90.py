@@ -345,3 +345,62 @@ def test_inputs_named_like_the_modules_own_names(sched):
         k(a, b, *extra, out=out)
         torch.cuda.synchronize()
         assert checked_error(spec, out, a, b, extra) < 1e-2, (m, n, kk)
+
+
+@pytest.mark.parametrize("sched", [dict(tile=(128, 256, 64)), dict(tile=(64, 128, 64), mode="pingpong"),
+                                   dict(tile=(64, 16, 128), mode="pingpong", swap_ab=True),
+                                   dict(tile=(128, 128, 64), split_k=2), dict(tile=(128, 128, 32), arch="sm_80")],
+                         ids=["coop", "pingpong", "swap", "fixup", "sm80"])
+def test_outputs_past_2_31_elements(sched, monkeypatch):
+    """65536 x 32800 outputs (2^31 + 2.4M elements, 4.3 GB): offsets past int32 land where they belong. The
+    rows checked are the first and last 128 (the last ones lie past element 2^31). Split-K's f32 scratch (two
+    splits: 4.3 G elements) is refused before the launch, with what to change."""
+    import torch
+    from gemmc.errors import LaunchError
+    monkeypatch.setenv("GEMMC_SM80_COMPILE_ARCH", "sm_90a")
+    m, n, k = 65536, 32800, 128
+    kern = gemmc.compile(gemmc.GemmSpec("M", "N", "K"), schedule=gemmc.Schedule(**sched))
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    if sched.get("split_k", 1) > 1:
+        with pytest.raises(LaunchError, match="past the kernels' 32-bit index .* use fewer splits"):
+            kern(a, b, out=out)
+        assert out.isnan().all()
+        return
+    kern(a, b, out=out)
+    torch.cuda.synchronize()
+    for rows in (slice(0, 128), slice(m - 128, m)):
+        ref = a[rows].float() @ b.float().T
+        err = (out[rows].float() - ref).abs().max().item()
+        assert err < 0.5, (rows, err)        # bf16 rounding of |x| < 64 is at most 0.25
+    assert not out.isnan().any()
+    del out
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("sched", [dict(tile=(128, 128, 64)), dict(tile=(128, 128, 64), split_k=3, pdl=False),
+                                   dict(tile=(128, 128, 32), arch="sm_80")], ids=["persistent", "serial", "sm80"])
+def test_batches_past_the_grid_dims_limit(sched, monkeypatch):
+    """70000 batches of 8x8x64: more than a grid's y or z extent (65535) takes. The persistent SM90 grid runs
+    them; kernels whose grid carries the batch (SM80, SM90's serial split-K reduce kernel) refuse before
+    launching, with what to do (they failed in the launch: CUDA_LAUNCH_INVALID_CONFIG)."""
+    import torch
+    from gemmc.errors import LaunchError
+    from gemmc.reference import checked_error
+    monkeypatch.setenv("GEMMC_SM80_COMPILE_ARCH", "sm_90a")
+    spec = gemmc.GemmSpec("M", "N", "K", batch="L")
+    kern = gemmc.compile(spec, schedule=gemmc.Schedule(**sched))
+    a = torch.randn(70000, 8, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(70000, 8, 64, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((70000, 8, 8), float("nan"), device="cuda", dtype=torch.bfloat16)
+    if sched.get("arch") == "sm_80" or sched.get("split_k", 1) > 1:
+        with pytest.raises(LaunchError, match="70000 is more than the 65535 blocks .* split the call"):
+            kern(a, b, out=out)
+        got = kern(a[:65535], b[:65535])
+        torch.cuda.synchronize()
+        assert checked_error(spec, got, a[:65535], b[:65535]) < 1e-2
+        return
+    kern(a, b, out=out)
+    torch.cuda.synchronize()
+    assert checked_error(spec, out, a, b) < 1e-2

@@ -732,3 +732,30 @@ def test_compiled_kernels_answer_k_of_zero_with_the_epilogue_of_zero():
     out = torch.full((5, 7), float("nan")).bfloat16()
     CompiledKernel(k.emitted, spec=spec)._zero_k(a, b, [3.0, bias], out)
     assert torch.equal(out, torch.relu(bias.float()).bfloat16().expand(5, 7))
+
+
+@pytest.mark.parametrize("always_validate", [True, False])
+def test_a_batch_past_the_grid_limit_is_refused_before_launching(always_validate):
+    params = (Param("a", "tensor", DType.bf16, ("L", "M", "K"), -1, role="a"),
+              Param("b", "tensor", DType.bf16, ("L", "N", "K"), -1, role="b"),
+              Param("c", "tensor", DType.bf16, ("L", "M", "N"), -1, role="out", limits=((0, 4),)))
+    k, rec = cpu_launcher(params, always_validate=always_validate)
+    assert k(torch.randn(4, 5, 32).bfloat16(), torch.randn(4, 8, 32).bfloat16()).shape == (4, 5, 8)
+    with pytest.raises(LaunchError, match=r"c.shape\[0\] \(L\) = 5 is more than the 4 blocks .* split the call"):
+        k(torch.randn(5, 5, 32).bfloat16(), torch.randn(5, 8, 32).bfloat16())
+    assert len(rec.calls) == 1
+
+
+def test_kernels_whose_grid_carries_the_batch_say_so():
+    """SM80 grids put the batch on z, SM90's serial split-K reduce kernel on y (<= 65535 blocks); SM90's
+    persistent grid has no such limit. The limit travels with the params into the artifact's meta."""
+    import gemmc
+    from gemmc.build import param_to_dict
+    spec = gemmc.GemmSpec("M", "N", "K", batch="L")
+    out_limits = lambda s: next(p for p in gemmc.compile(spec, s).emitted.params if p.role == "out").limits  # noqa: E731
+    assert out_limits(gemmc.Schedule(tile=(128, 128, 32), arch="sm_80")) == ((0, 65535),)
+    assert out_limits(gemmc.Schedule(split_k=3, pdl=False)) == ((0, 65535),)
+    assert out_limits(gemmc.Schedule()) == () and out_limits(gemmc.Schedule(split_k=2)) == ()
+    p = next(p for p in gemmc.compile(spec, gemmc.Schedule(split_k=3, pdl=False)).emitted.params if p.role == "out")
+    assert param_from_dict(param_to_dict(p)) == p
+    assert "limits" not in param_to_dict(next(iter(gemmc.compile(spec, gemmc.Schedule()).emitted.params)))

@@ -29,6 +29,12 @@ class Param:
     contiguous: int = -1
     role: str = ""               # "a" | "b" | "out" | "input" | "workspace" | "scalar"
     workspace_elems: Optional[str] = None   # python expression over M, N, K, L for the element count
+    # (dim, largest extent) of dims a launch grid's y or z extent carries (at most 65535 blocks): the
+    # runtime refuses a larger call before launching
+    limits: tuple[tuple[int, int], ...] = ()
+
+
+GRID_YZ_MAX = 65535       # blocks a launch grid's y or z extent may have (CUDA)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dataclasses import replace
 from ...errors import BuildError
 from ...ir.plan import KernelPlan
 from ...types import DType
-from .. import EmittedKernel, Param
+from .. import GRID_YZ_MAX, EmittedKernel, Param
 from ..common import (check_input_names, dsl_type, epilogue_math_lines, grouped_raster_source, input_kernel_args,
                       input_kernel_params, input_value_expr, input_view_lines, private_inputs, rebind_inputs,
                       splitk_reduce)
@@ -141,7 +141,9 @@ def kernel_params(plan: KernelPlan) -> tuple[Param, ...]:
     params = [
         Param("a", "tensor", p.a_dtype, lead + a_shape, -1, "a"),
         Param("b", "tensor", p.b_dtype, lead + b_shape, -1, "b"),
-        Param("out", "tensor", p.out_dtype, lead + (p.m, p.n), -1, "out"),
+        # the grid's z extent is the batch (the reduce kernel's y extent too)
+        Param("out", "tensor", p.out_dtype, lead + (p.m, p.n), -1, "out",
+              limits=((0, GRID_YZ_MAX),) if lead else ()),
     ]
     for inp in plan.epilogue.inputs:
         if inp.kind == "scalar":

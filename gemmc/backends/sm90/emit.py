@@ -36,7 +36,7 @@ from string import Template
 from ...errors import BuildError
 from ...ir.plan import KernelPlan
 from ...types import DType
-from .. import EmittedKernel, Param
+from .. import GRID_YZ_MAX, EmittedKernel, Param
 from ..common import (check_input_names, dsl_type, epilogue_math_lines, grouped_raster_source, input_kernel_args,
                       input_kernel_params, input_value_expr, input_view_lines, private_inputs, rebind_inputs,
                       splitk_reduce)
@@ -91,7 +91,10 @@ def params_of(plan: KernelPlan) -> tuple[Param, ...]:
     b_shape = (p.n, p.k) if p.b_major == "k" else (p.k, p.n)
     out = [Param("a", "tensor", p.a_dtype, lead + a_shape, role="a"),
            Param("b", "tensor", p.b_dtype, lead + b_shape, role="b"),
-           Param("out", "tensor", p.out_dtype, lead + (p.m, p.n), role="out")]
+           # the serial split-K reduce kernel's grid y extent is the batch (the persistent grid has no such limit)
+           Param("out", "tensor", p.out_dtype, lead + (p.m, p.n), role="out",
+                 limits=((0, GRID_YZ_MAX),) if lead and plan.scheduler.split_k > 1
+                 and plan.scheduler.split_k_mode == "serial" else ())]
     for inp in plan.epilogue.inputs:
         if inp.kind == "scalar":
             out.append(Param(inp.name, "scalar", DType.f32, (), role="scalar"))
