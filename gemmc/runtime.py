@@ -472,7 +472,9 @@ def python_prologue(params: Sequence[Param], device_type: str = "cuda") -> Calla
     function with no prologue of its own (the cuBLAS route, gemmc.compiler.CublasRoute). Call it with the
     values in param order; an output given as None (to be allocated) is skipped. It raises TypeError /
     ValueError as the prologue does, so the Launcher's validator can then say what to change; the rules are
-    the validator's (Launcher._check_tensor), without building messages on the way."""
+    the validator's (Launcher._check_tensor), without building messages on the way. One difference, kept off the
+    fast path: an empty tensor's strides are checked here and not by the validator, so the cuBLAS route sends
+    what this rejects and the validator passes (an empty problem) on to torch.matmul."""
     import torch
     batched = is_batched(params)
     checks = []
