@@ -858,7 +858,6 @@ class Launcher:
             raise LaunchError(f"{self.name}: the kernel rejected its arguments: {e}") from (rejected or e)
         return result
 
-
     def _empty_problem(self, values: list, out):
         """M, N or a batch of 0: nothing to compute. K of 0: the accumulator is 0, so the output is the epilogue
         of 0, as torch gives it. Neither launches: the kernels' host code divides by the tile counts and
