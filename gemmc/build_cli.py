@@ -54,6 +54,9 @@ def run_build(args) -> int:
                     acc_dtype=args.acc_dtype, a_layout=args.a_layout, b_layout=args.b_layout, name=args.name)
     schedule, _ = schedule_from_args(args, spec)      # flags edit the --schedule pick, as in `gemmc compile`
     k = compile(spec, schedule=schedule, arch=args.arch)
+    if k.schedule is None:          # auto on a problem no kernel takes (compiler.CublasOnlyGemm)
+        print(f"nothing to build: {k.decision.detail}", file=status, flush=True)
+        return 0
     art = k.artifact
     print(f"{art.key}  {k.schedule.short()} ({k.arch})  {art.directory}", file=status, flush=True)
     if k.m_buckets is not None:     # symbolic M under auto: every bucket's kernel, so any M runs from the cache

@@ -165,6 +165,9 @@ def run_compile(args) -> int:
             raise
         # a field the flags left alone may be what breaks (say the pick's 10 stages under a larger --tile)
         raise GemmcError(f"{e}\n  ({edited}; the other fields keep the pick's values: set them too)") from None
+    if k.schedule is None:          # auto on a problem no kernel takes (compiler.CublasOnlyGemm)
+        print(f"// auto: {k.decision.detail}; no kernel, no IR")
+        return 0
     print(f"// schedule: {k.schedule.short()} ({k.arch})")
     if base is not None:
         print(f"// {edited}")

@@ -21,7 +21,7 @@ from .ir.extract import plan_from_module
 from .ir.plan import KernelPlan
 from .m_buckets import MBuckets, runtime_m
 from .passes import PIPELINE, pass_pipeline
-from .schedule import Schedule, require_valid
+from .schedule import Schedule, alignment_violations, require_valid
 from .spec import GemmSpec
 from .types import as_arch
 
@@ -233,16 +233,84 @@ class CublasRoute:
         return self._torch_matmul(a, b) if out is None else self._torch_matmul(a, b, out=out)
 
 
+class CublasOnlyGemm:
+    """What `schedule="auto"` gives a plain GEMM that no gemmc kernel can run: a static dim breaks the kernels'
+    16-byte alignment (e.g. a vocabulary of N = 32001). Calls run torch.matmul behind the spec's dtype, rank
+    and shape checks (any strides: torch takes them), with a @gemmc.kernel function's own arguments. There is
+    no IR, plan or kernel to show; `k.decision` says why."""
+
+    def __init__(self, spec: GemmSpec, arch: str, why: str, *, signature=None, device_type: str = "cuda"):
+        import torch
+        from .backends import Param
+        from .dispatch import Decision
+        from .runtime import Launcher
+        self.spec, self.arch, self.signature, self.why = spec, arch, signature, why
+        self.schedule = None
+        self.decision = Decision(Schedule(arch=arch), "alignment", use_cublas=True,
+                                 detail=f"no gemmc kernel takes this problem ({why}): torch.matmul runs it")
+        lead = (spec.batch,) if spec.batch is not None else ()
+        a_km, b_nk = spec.a_layout == "km", spec.b_layout == "nk"
+        params = (Param("a", "tensor", spec.dtype, lead + ((spec.k, spec.m) if a_km else (spec.m, spec.k)), role="a"),
+                  Param("b", "tensor", spec.dtype, lead + ((spec.n, spec.k) if b_nk else (spec.k, spec.n)), role="b"),
+                  Param("out", "tensor", spec.out_dtype, lead + (spec.m, spec.n), role="out"))
+
+        def matmul(a, b, out):
+            torch.matmul(a.mT if a_km else a, b.mT if b_nk else b, out=out)
+
+        self.launcher = Launcher(params, function=matmul, name=spec.name, device_type=device_type,
+                                 signature=signature, always_validate=True, strided=True,
+                                 zero_k=lambda a, b, inputs, out: out.zero_())
+
+    def __call__(self, *args, **kwargs):
+        return self.launcher(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<gemmc.CublasOnlyGemm {self.spec.name}: torch.matmul ({self.why})>"
+
+    def for_m(self, m: int):
+        return self.decision, None
+
+    def build(self):
+        """Nothing to build: torch.matmul runs every call."""
+        return None
+
+    def _no_kernel(self, what: str):
+        return SpecError(f"{what}: `auto` runs torch.matmul for {self.spec.name}: no gemmc kernel takes it "
+                         f"({self.why})")
+
+    def ir(self, after: Optional[str] = None) -> str:
+        raise self._no_kernel("no IR")
+
+    @property
+    def source(self) -> str:
+        raise self._no_kernel("no kernel source")
+
+    @property
+    def ptx(self) -> str:
+        raise self._no_kernel("no PTX")
+
+    @property
+    def plan(self):
+        raise self._no_kernel("no plan")
+
+
 def compile(spec_or_kernel, schedule: Union[str, Schedule, dict] = "auto", arch: Optional[str] = None,
-            emit: str = "kernel") -> CompiledGemm:
+            emit: str = "kernel") -> Union[CompiledGemm, CublasOnlyGemm]:
     """Compile a GEMM. `schedule`: "auto" | "heuristic" | a gemmc.Schedule; `arch`: "sm_90a" | "sm_80"
     (default: the Schedule's, else sm_90a); `emit="ir"` stops after the passes. Under "auto" with a
-    symbolic M, calls choose per runtime M bucket (gemmc/m_buckets.py; `k.for_m(M)` shows the choice)."""
+    symbolic M, calls choose per runtime M bucket (gemmc/m_buckets.py; `k.for_m(M)` shows the choice).
+    "auto" on a plain GEMM that no kernel can run (a static dim off 16-byte alignment) returns a
+    CublasOnlyGemm, whose calls run torch.matmul and whose `schedule` is None."""
     if emit not in EMITS:
         raise SpecError(f"emit={emit!r}; use one of {EMITS}")
     spec = as_spec(spec_or_kernel)
     # a @gemmc.kernel function's calls take its own parameters (gemmc.dsl.Kernel.call_signature)
     signature = getattr(spec_or_kernel, "call_signature", None) if spec_or_kernel is not spec else None
+    if schedule == "auto" and not spec.has_epilogue:
+        unaligned = alignment_violations(spec)       # no kernel can run it; torch.matmul can
+        if unaligned:
+            return CublasOnlyGemm(spec, as_arch(arch or "sm_90a"), "; ".join(map(str, unaligned)),
+                                  signature=signature)
     decision = auto_decision(spec, arch or "sm_90a") if schedule == "auto" else None
     chosen = decision.schedule if decision is not None else choose_schedule(spec, schedule, arch)
     require_valid(chosen, spec)

@@ -542,6 +542,8 @@ class Launcher:
     when the compiled function's prologue rejects the arguments.
     An empty problem never launches: with M, N or the batch 0 the (empty) output is returned as it is; with
     K = 0, `zero_k(a, b, inputs, out)` writes the epilogue of a zero accumulator (a LaunchError without it).
+    `strided=True` (with `always_validate`, for a torch function rather than a kernel) checks no strides or
+    alignment.
     """
 
     def __init__(self, params: Sequence[Param], *, function: Optional[Callable] = None,
@@ -550,7 +552,7 @@ class Launcher:
                  name: str = "kernel", device_type: str = "cuda",
                  on_load_error: Optional[Callable[[Exception], Callable]] = None,
                  always_validate: Optional[bool] = None, signature: Optional[CallSignature] = None,
-                 zero_k: Optional[Callable] = None):
+                 zero_k: Optional[Callable] = None, strided: bool = False):
         if function is None and so_path is None:
             raise ValueError("Launcher needs a function or a so_path")
         if signature is not None:       # messages name the caller's parameters: x and w, not a and b
@@ -567,6 +569,7 @@ class Launcher:
         self._so_sha256 = so_sha256
         self._on_load_error = on_load_error
         self._zero_k = zero_k
+        self._strided = strided
 
         outs = [i for i, p in enumerate(self.params) if p.kind == "tensor" and p.role == "out"]
         if len(outs) != 1:
@@ -710,7 +713,7 @@ class Launcher:
             elif prev != v:
                 raise LaunchError(f"{c.name}.shape[{i}] gives {d}={v} but {where[d]} gives {d}={prev}: "
                                   f"the arguments disagree on {d} (expected {c.name} of shape {c.shape_text})")
-        if t.numel() == 0:      # an empty problem never launches: its strides and address are never read
+        if t.numel() == 0 or self._strided:     # an empty problem never launches; torch.matmul takes any strides
             return device
         stride = t.stride()
         if stride[c.contig] != 1 and shape[c.contig] != 1:

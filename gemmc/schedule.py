@@ -448,12 +448,15 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
     if isinstance(spec.k, int) and s.split_k > 1 and math.ceil(spec.k / bk) < s.split_k:
         add("split_k", s.split_k, f"K={spec.k} has only {math.ceil(spec.k / bk)} k-tiles of {bk}: lower split_k")
 
-    # 16-byte alignment of the contiguous dims we know statically
-    for what, dim, dt in _contiguous_dims(spec):
-        if isinstance(dim, int) and dim % alignment_elems(dt):
-            add(f"16-byte alignment of {what}", f"{dim} {dt} elements",
-                f"pad it to a multiple of {alignment_elems(dt)} (TMA and cp.async move 16-byte vectors)")
+    v += alignment_violations(spec)
     return v
+
+
+def alignment_violations(spec: GemmSpec) -> list[Violation]:
+    """The static contiguous dims that break 16-byte alignment: no schedule runs such a problem."""
+    return [Violation(f"16-byte alignment of {what}", f"{dim} {dt} elements",
+                      f"pad it to a multiple of {alignment_elems(dt)} (TMA and cp.async move 16-byte vectors)")
+            for what, dim, dt in _contiguous_dims(spec) if isinstance(dim, int) and dim % alignment_elems(dt)]
 
 
 def _contiguous_dims(spec: GemmSpec):

@@ -321,3 +321,14 @@ def test_auto_takes_empty_problems_on_both_routes():
                 torch.empty(7, 0, device="cuda", dtype=torch.bfloat16))
     torch.cuda.synchronize()
     assert got.shape == (5, 7) and not got.any()
+
+
+def test_auto_on_a_problem_no_kernel_takes_runs_torch_matmul():
+    """N = 32001 (a vocabulary with one added token): no gemmc kernel takes it, `auto` runs torch.matmul."""
+    import gemmc
+    from gemmc.compiler import CublasOnlyGemm
+    k = gemmc.compile(gemmc.GemmSpec("M", 32001, 4096), schedule="auto")
+    assert isinstance(k, CublasOnlyGemm)
+    x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(32001, 4096, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(k(x, w), x @ w.T)

@@ -34,6 +34,8 @@ def compile_job(job: dict, dtype: str = "bf16", arch: str = "sm_90a"):
     else:
         spec, schedule = symbolic_spec(dtype), gemmc.Schedule.from_dict(job)
     kernel = gemmc.compile(spec, schedule=schedule, arch=arch)
+    if kernel.schedule is None:      # `auto` on a problem no kernel takes: torch.matmul, nothing to build
+        return kernel
     if hasattr(type(kernel), "ptx"):
         kernel.ptx  # noqa: B018  forces the build (or the cache load) now, so it is timed here
     return kernel
