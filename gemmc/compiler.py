@@ -12,9 +12,10 @@ The schedule is checked (gemmc.schedule.check_schedule) before anything else run
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Optional, Union
 
-from .errors import LaunchError, SpecError
+from .errors import LaunchError, PerformanceWarning, SpecError
 from .ir import make_context, print_module
 from .ir.build import spec_to_module
 from .ir.extract import plan_from_module
@@ -98,6 +99,8 @@ class CompiledGemm:
         self._ir_after = ir_after
         self.decision = None
         self.m_buckets = None       # set by compile() for a symbolic-M "auto" kernel (gemmc/m_buckets.py)
+        self._fallback = None       # the torch.matmul route of calls no kernel takes (auto, plain GEMMs)
+        self._fallback_warned = False
 
     def __repr__(self) -> str:
         return f"<gemmc.CompiledGemm {self.spec.name} {self.arch} {self.schedule.short()}>"
@@ -164,6 +167,28 @@ class CompiledGemm:
 
     def __call__(self, *args, **kwargs):
         self._need_kernel("calling the kernel")     # also where "auto" would run torch.matmul: one rule
+        try:
+            return self._call(args, kwargs)
+        except LaunchError as e:
+            if self.decision is None or self.spec.has_epilogue:
+                raise
+            refused = e
+        # `auto` on a plain GEMM: a call no kernel takes (a dim or stride off 16-byte alignment, a batch past a
+        # grid limit) runs torch.matmul behind the spec's checks, which still refuse a wrong dtype or shape
+        if self._fallback is None:
+            self._fallback = CublasOnlyGemm(self.spec, self.arch, f"a call the kernel refused: {refused}",
+                                            signature=self.signature)
+        try:
+            result = self._fallback(*args, **kwargs)
+        except LaunchError:
+            raise refused from None     # refused by both: the kernel route's message is the one to read
+        if not self._fallback_warned:       # once per compiled GEMM, for a call torch.matmul did run
+            self._fallback_warned = True
+            warnings.warn(f"gemmc: {self.spec.name}: `auto` runs torch.matmul for calls no gemmc kernel takes "
+                          f"({refused})", PerformanceWarning, stacklevel=2)
+        return result
+
+    def _call(self, args, kwargs):
         if self.m_buckets is not None:          # symbolic M under "auto": the choice follows the runtime M
             position, name = self._a_arg
             a = args[position] if len(args) > position else kwargs.get(name)

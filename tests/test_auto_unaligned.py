@@ -73,3 +73,38 @@ def test_the_commands_say_so(capsys, tmp_path):
     assert out.startswith("// auto: no gemmc kernel takes this problem (16-byte alignment of the output's N")
     assert cli.main(["build", "--m", "M", "--n", "32001", "--k", "4096", "--cache-dir", str(tmp_path)]) == 0
     assert "nothing to build: no gemmc kernel takes this problem" in capsys.readouterr().out
+
+
+def _refusing_kernel_with_a_cpu_fallback(spec, schedule="auto"):
+    """A compiled GEMM whose kernel route refuses every call (here: CPU tensors, as a GPU kernel would refuse
+    an N of 1001 at run time), with the torch.matmul route on the CPU."""
+    k = gemmc.compile(spec, schedule=schedule)
+    k._fallback = CublasOnlyGemm(spec, "sm_90a", "test", device_type="cpu")
+    return k
+
+
+def test_a_call_no_kernel_takes_runs_torch_matmul_under_auto(shipped_only):
+    """Symbolic N = 1001 at run time: the kernel (and the cuBLAS route's kernel checks) refuse it; `auto` runs
+    torch.matmul and warns once. A call torch.matmul cannot take either is still refused, without a warning."""
+    from gemmc.errors import PerformanceWarning
+    k = _refusing_kernel_with_a_cpu_fallback(gemmc.GemmSpec("M", "N", "K"))
+    a, b = torch.randn(5, 64).bfloat16(), torch.randn(1001, 64).bfloat16()
+    with pytest.raises(LaunchError, match="a must be on a cuda device"):    # the kernel route's message
+        k(a.float(), b)
+    with pytest.warns(PerformanceWarning, match="`auto` runs torch.matmul for calls no gemmc kernel takes"):
+        assert torch.equal(k(a, b), a @ b.T)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(k(a, b), a @ b.T)          # warned once
+
+
+def test_explicit_schedules_and_epilogues_keep_the_kernels_refusal():
+    a, b = torch.randn(5, 64).bfloat16(), torch.randn(1001, 64).bfloat16()
+    k = _refusing_kernel_with_a_cpu_fallback(gemmc.GemmSpec("M", "N", "K"), gemmc.Schedule())
+    with pytest.raises(LaunchError, match="cuda"):
+        k(a, b)
+    R = gemmc.spec.Ref
+    epi = gemmc.GemmSpec("M", "N", "K", epilogue=(gemmc.EpilogueOp("relu", (R("acc"),)),))
+    with pytest.raises(LaunchError, match="cuda"):
+        _refusing_kernel_with_a_cpu_fallback(epi)(a, b)

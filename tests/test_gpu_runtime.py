@@ -332,3 +332,17 @@ def test_auto_on_a_problem_no_kernel_takes_runs_torch_matmul():
     x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(32001, 4096, device="cuda", dtype=torch.bfloat16)
     assert torch.equal(k(x, w), x @ w.T)
+
+
+def test_auto_sends_a_call_no_kernel_takes_to_torch_matmul():
+    """Symbolic N, called with N = 1001: the kernel refuses it (16-byte alignment); `auto` runs torch.matmul,
+    once with a warning. A compile with an explicit schedule keeps the kernel's LaunchError."""
+    import gemmc
+    from gemmc.errors import PerformanceWarning
+    x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1001, 4096, device="cuda", dtype=torch.bfloat16)
+    k = gemmc.compile(gemmc.GemmSpec("M", "N", "K"), schedule="auto")
+    with pytest.warns(PerformanceWarning, match="runs torch.matmul"):
+        assert torch.equal(k(x, w), x @ w.T)
+    with pytest.raises(LaunchError, match="divisible by 8|multiple of 8"):   # the kernel's prologue or ours
+        gemmc.compile(gemmc.GemmSpec("M", "N", "K"), schedule=gemmc.Schedule())(x, w)
