@@ -185,3 +185,18 @@ def test_rl_fine_tuning_is_repeatable_and_leaves_the_global_rng_alone(policy, pr
         picks.append(strat.propose(3))
         assert torch.equal(before, torch.get_rng_state())
     assert picks[0] == picks[1]
+
+
+def test_training_on_recorded_problems_leaves_out_what_the_features_cannot_describe(monkeypatch):
+    """simulate's rl training skips stream-K and 192-row tiles as the DB's does: the features would read them
+    as their static twins and teach the policy their times."""
+    from types import SimpleNamespace
+    from gemmc.search import rl
+    seen = []
+    monkeypatch.setattr(rl, "train_policy", lambda ex, **kw: seen.extend(ex))
+    plain, twin = gemmc.Schedule(tile=(128, 128, 64)), gemmc.Schedule(tile=(128, 128, 64), stream_k=True)
+    other = gemmc.Schedule(tile=(128, 256, 64))
+    results = {s: Measurement(s, time_us=t) for s, t in ((plain, 10.0), (twin, 5.0), (other, 12.0))}
+    rl.train_policy_on_problems([SimpleNamespace(spec=SPEC, results=results, cublas_us=11.0)])
+    (ex,) = seen
+    assert ex.schedules == [plain, other] and len(ex.rewards) == 2

@@ -150,10 +150,12 @@ def train_policy(examples: Sequence[ShapeExamples], epochs: int = 60, seed: int 
 
 
 def train_policy_on_problems(problems, epochs: int = 60, seed: int = 0) -> SchedulePolicy:
-    """Train on `simulate.RecordedProblem`s (or anything with .spec, .results, .cublas_us)."""
+    """Train on `simulate.RecordedProblem`s (or anything with .spec, .results, .cublas_us). As in
+    `examples_from_db`, schedules the features do not describe (stream-K, 192-row tiles) are left out: the
+    policy would read them as their static twins."""
     ex = []
     for p in problems:
-        ms = list(p.results.values())
+        ms = [m for m in p.results.values() if describes(m.schedule)]
         ex.append(ShapeExamples(p.spec, [m.schedule for m in ms], rewards_from(ms, p.cublas_us)))
     return train_policy(ex, epochs=epochs, seed=seed)
 
