@@ -1,7 +1,7 @@
 """The passes on IR a user edited by hand and fed back (`gemmc opt`): schedules edited in place at the kernel
 level, facts edited past what fits, and schedules the lowering passes cannot lay out."""
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, given, settings, strategies as st
 from xdsl.utils.exceptions import DiagnosticException
 
 from gemmc import GemmSpec, Schedule, ScheduleError
@@ -10,8 +10,8 @@ from gemmc.ir.attrs import ScheduleAttr
 from gemmc.ir.build import spec_to_module
 from gemmc.ir.extract import plan_from_module
 from gemmc.passes import PIPELINE, pass_pipeline
-from gemmc.schedule import is_valid
-from ir_strategies import aligned_specs, schedules
+from gemmc.schedule import enumerate_schedules
+from ir_strategies import aligned_specs
 
 SQUARE = GemmSpec(m=4096, n=4096, k=4096)
 
@@ -51,9 +51,13 @@ def test_an_edited_arch_relowers_every_fact():
 
 
 @settings(max_examples=60, deadline=None)
-@given(aligned_specs(), schedules(), schedules())
-def test_editing_the_schedule_and_rerunning_is_lowering_the_new_schedule(spec, old, new):
-    assume(is_valid(old, spec) and is_valid(new, spec))
+@given(aligned_specs(), st.data())
+def test_editing_the_schedule_and_rerunning_is_lowering_the_new_schedule(spec, data):
+    # drawn from the valid schedules of both arches (two independent draws filtered by the predicate kept
+    # too few: hypothesis's filter_too_much health check failed the suite once)
+    valid = enumerate_schedules(spec, "sm_90a") + enumerate_schedules(spec, "sm_80")
+    assume(valid)
+    old, new = (data.draw(st.sampled_from(valid)).with_(pdl=data.draw(st.booleans())) for _ in range(2))
     assert run_text(with_schedule(run(spec, old), old, new), PIPELINE) == run(spec, new)
 
 
