@@ -49,11 +49,13 @@ def rebind_inputs(user_inputs: Sequence[EpilogueInput], inputs: Sequence[Epilogu
     return [f"{', '.join(x.name for x in inputs)} = {', '.join(u.name for u in user_inputs)}"]
 
 
-def check_input_names(source: str, inputs: Sequence[EpilogueInput], host_params: set[str], backend: str) -> None:
+def check_input_names(source: str, inputs: Sequence[EpilogueInput], params, backend: str) -> None:
     """The host entry takes the inputs under the user's names (identifiers, not keywords: GemmSpec checks):
-    one that is another host parameter (stream, workspace) or a module-level name of the kernel module (cute,
-    TILE_MNK, gemm_kernel ...) breaks the module."""
-    module_names = set(host_params)
+    one that is another host parameter (`params`' a, b, out, workspace ..., and the stream) or a module-level
+    name of the kernel module (cute, TILE_MNK, gemm_kernel ...) breaks the module."""
+    if not inputs:          # nothing to clash: no parse of the module
+        return
+    module_names = {q.name for q in params if q.role not in ("input", "scalar")} | {"stream"}
     for node in ast.parse(source).body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             module_names |= {(a.asname or a.name).split(".")[0] for a in node.names}

@@ -496,6 +496,5 @@ def _source(plan: KernelPlan, params: tuple[Param, ...]) -> str:
     if split:
         out += ["    " + ln for ln in reduce.launch_lines]
     source = "\n".join(out) + "\n"
-    host_params = {q.name for q in params if q.role not in ("input", "scalar")} | {"stream"}
-    check_input_names(source, user_inputs, host_params, "SM80")
+    check_input_names(source, user_inputs, params, "SM80")
     return source

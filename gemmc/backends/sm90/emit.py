@@ -424,8 +424,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         parts.append(reduce.source.strip("\n"))
     source = resolve_mode("\n\n\n".join(parts), pingpong)
     source = "\n".join(ln.rstrip() for ln in source.split("\n")) + "\n"
-    check_input_names(source, plan.epilogue.inputs, {q.name for q in params if q.role not in ("input", "scalar")}
-                      | {"stream"}, "SM90")
+    check_input_names(source, plan.epilogue.inputs, params, "SM90")
     return EmittedKernel(arch="sm_90a", source=source, entry=entry, params=params, compile_arch="sm_90a")
 
 
