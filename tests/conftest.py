@@ -76,3 +76,17 @@ def not_a_tuning_db(tmp_path):
     folder = tmp_path / "folder"
     folder.mkdir()
     return {"corrupt": corrupt, "zero": zero, "foreign": foreign, "folder": folder}
+
+
+@pytest.fixture
+def fp32_precision_tf32():
+    """torch's newer precision API set to TF32 for the test (skipped where torch has no such API), restored
+    after. Returns torch.backends.cuda.matmul."""
+    import torch
+    cuda = torch.backends.cuda.matmul
+    if not hasattr(cuda, "fp32_precision"):
+        pytest.skip("this torch has no fp32_precision API")
+    before = cuda.fp32_precision
+    cuda.fp32_precision = "tf32"
+    yield cuda
+    cuda.fp32_precision = before

@@ -288,25 +288,18 @@ def test_epilogue_defects_fail():
 
 # ---- the reference under either precision API -----------------------------------------------------------
 
-def test_reference_works_after_the_fp32_precision_api_was_used():
+def test_reference_works_after_the_fp32_precision_api_was_used(fp32_precision_tf32):
     """Newer torch raises on reading allow_tf32 once the process set fp32_precision (the old reference did)."""
-    cuda = torch.backends.cuda.matmul
-    if not hasattr(cuda, "fp32_precision"):
-        pytest.skip("this torch has no fp32_precision API")
-    before = cuda.fp32_precision
-    try:
-        cuda.fp32_precision = "tf32"
-        a, b = randn(8, 16, torch.bfloat16, 0), randn(4, 16, torch.bfloat16, 1)
-        seen = []
-        with R.fp32_matmul():
-            seen.append(cuda.fp32_precision)
-        assert seen == ["ieee"] and cuda.fp32_precision == "tf32"    # set inside, restored after
-        torch.testing.assert_close(timing.reference(a, b), a.double().matmul(b.double().T).float())
-        spec = GemmSpec(m=8, n=4, k=16)
-        torch.testing.assert_close(R.reference(spec, a, b, []), timing.reference(a, b))
-        assert cuda.fp32_precision == "tf32"
-    finally:
-        cuda.fp32_precision = before
+    cuda = fp32_precision_tf32
+    a, b = randn(8, 16, torch.bfloat16, 0), randn(4, 16, torch.bfloat16, 1)
+    seen = []
+    with R.fp32_matmul():
+        seen.append(cuda.fp32_precision)
+    assert seen == ["ieee"] and cuda.fp32_precision == "tf32"    # set inside, restored after
+    torch.testing.assert_close(timing.reference(a, b), a.double().matmul(b.double().T).float())
+    spec = GemmSpec(m=8, n=4, k=16)
+    torch.testing.assert_close(R.reference(spec, a, b, []), timing.reference(a, b))
+    assert cuda.fp32_precision == "tf32"
 
 
 def test_fp32_matmul_uses_allow_tf32_where_it_is_the_only_api(monkeypatch):

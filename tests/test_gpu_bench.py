@@ -161,21 +161,13 @@ def test_a_kernel_wrong_only_in_its_cuda_graph_fails_the_timed_check():
         assert good["status"] == "ok" and good["timed_elem_err"] <= 0.6 and good["timed_nonfinite_slots"] == 0
 
 
-def test_the_reference_is_fp32_after_the_fp32_precision_api_set_tf32():
+def test_the_reference_is_fp32_after_the_fp32_precision_api_set_tf32(fp32_precision_tf32):
     """(f32 inputs: bf16 and f16 ones are exact in TF32, which would not tell the two apart.)"""
     import torch
     from gemmc.bench import timing
-    cuda = torch.backends.cuda.matmul
-    if not hasattr(cuda, "fp32_precision"):
-        pytest.skip("this torch has no fp32_precision API")
-    before = cuda.fp32_precision
-    try:
-        cuda.fp32_precision = "tf32"
-        a = torch.randn(512, 4096, device="cuda")
-        b = torch.randn(256, 4096, device="cuda")
-        exact = a.double() @ b.double().T
-        err = ((timing.reference(a, b).double() - exact).norm() / exact.norm()).item()
-        tf32 = ((a @ b.T).double() - exact).norm().item() / exact.norm().item()
-        assert err < 1e-6 < 1e-4 < tf32 and cuda.fp32_precision == "tf32", (err, tf32)
-    finally:
-        cuda.fp32_precision = before
+    a = torch.randn(512, 4096, device="cuda")
+    b = torch.randn(256, 4096, device="cuda")
+    exact = a.double() @ b.double().T
+    err = ((timing.reference(a, b).double() - exact).norm() / exact.norm()).item()
+    tf32 = ((a @ b.T).double() - exact).norm().item() / exact.norm().item()
+    assert err < 1e-6 < 1e-4 < tf32 and fp32_precision_tf32.fp32_precision == "tf32", (err, tf32)
