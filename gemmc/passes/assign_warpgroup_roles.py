@@ -33,8 +33,8 @@ def kernel_header(s: Schedule) -> dict:
             "threads": threads_per_cta(s)}
 
 
-def roles(s: Schedule, spec: GemmSpec) -> tuple[str, list, MmaOp]:
-    """(kernel mode, warpgroup facts, mma fact) for schedule `s`."""
+def roles(s: Schedule, spec: GemmSpec) -> tuple[list, MmaOp]:
+    """(warpgroup facts, mma fact) for schedule `s` (its mode is kernel_header's)."""
     bm, bn, _ = s.tile
     if s.arch == "sm_90a":
         wgs = [WarpGroupOp.make(role="producer", index=0, regs=PRODUCER_REGS, warps=4)]
@@ -48,12 +48,12 @@ def roles(s: Schedule, spec: GemmSpec) -> tuple[str, list, MmaOp]:
         else:
             atoms, inst_n = ((consumer_warpgroups(s), 1, 1) if s.mode == "cooperative" else (1, 1, 1)), bn
         mma = MmaOp.make(kind="wgmma", inst=(WGMMA_M, inst_n, inst_k), atoms=atoms, a_source="smem")
-        return s.mode, wgs, mma
+        return wgs, mma
     warps = sm80_warps(s)
     wgs = [WarpGroupOp.make(role="uniform", index=i, regs=0, warps=min(4, warps - 4 * i))
            for i in range((warps + 3) // 4)]
     atoms = (2, 2, 1) if warps == 4 else ((4, 2, 1) if bm >= bn else (2, 4, 1))
-    return "multistage", wgs, MmaOp.make(kind="mma.sync", inst=(16, 8, 16), atoms=atoms, a_source="smem")
+    return wgs, MmaOp.make(kind="mma.sync", inst=(16, 8, 16), atoms=atoms, a_source="smem")
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class AssignWarpgroupRoles(ModulePass):
     def apply(self, ctx: Context, op: ModuleOp) -> None:
         gemm = find_gemm(op)
         spec, s = layout_schedule(gemm, self.name)
-        _mode, wgs, mma = roles(s, spec)
+        wgs, mma = roles(s, spec)
         header = kernel_header(s)
         if isinstance(gemm, MatmulOp):
             body = Block()
