@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from ...errors import BuildError
 from ...ir.plan import KernelPlan
+from ...schedule import ARCH_LIMITS
 from ...types import DType
 from .. import GRID_YZ_MAX, EmittedKernel, Param
 from ..common import (check_input_names, dsl_type, epilogue_math_lines, grouped_raster_source, input_kernel_args,
@@ -27,9 +28,9 @@ ENTRY = "gemm_sm80"
 # The kernel uses only sm_80 instructions; sm_90a builds the same code for Hopper (no A100 here).
 SM80_COMPILE_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_90")
 # Shared memory one CTA may opt into on each (CUDA programming guide): sm_86/sm_89 parts have 99 KB, so a
-# ring that fits an A100's 163 KB (what the schedule predicate checks) fails to launch there.
-SMEM_PER_CTA = {"sm_80": 163 * 1024, "sm_86": 99 * 1024, "sm_89": 99 * 1024, "sm_90a": 227 * 1024,
-                "sm_90": 227 * 1024}
+# ring that fits an A100's (what the schedule predicate checks) fails to launch there.
+SMEM_PER_CTA = {"sm_80": ARCH_LIMITS["sm_80"].smem_bytes, "sm_86": 99 * 1024, "sm_89": 99 * 1024,
+                "sm_90a": ARCH_LIMITS["sm_90a"].smem_bytes, "sm_90": ARCH_LIMITS["sm_90a"].smem_bytes}
 
 
 def emit(plan: KernelPlan, compile_arch: str | None = None) -> EmittedKernel:
