@@ -1,5 +1,5 @@
 """gemmc: a GEMM kernel compiler for NVIDIA GPUs."""
-__version__ = "0.3.3"
+__version__ = "0.3.4"
 
 from .errors import BuildError, GemmcError, LaunchError, ScheduleError, SpecError, TraceError  # noqa: F401
 from .schedule import Schedule, check_schedule, enumerate_schedules, is_valid  # noqa: F401

@@ -131,14 +131,14 @@ def test_swizzled_kernels_reorder_the_unswizzled_enumeration(clusters_m, cluster
     and every work unit's tile goes through swizzled_tile, which keeps each CTA's place in its cluster
     and visits each tile once, in tile_coord's order of clusters."""
     src = emit(plan_of(GemmSpec(), cluster=cluster, raster=raster, swizzle=swizzle)).source
-    assert "(*CLUSTER_MN, 1), 1, True)" in src and "SWIZZLE, RASTER_ALONG_M)" not in src
+    assert "rest, cl_m = divmod(unit, fast_clusters)" in src     # M fastest whatever the raster
     # the L2 prefetch, the producer and the consumers decode their tiles the same way
     assert src.count("tile_m, tile_n = swizzled_tile(tile_m, tile_n, clusters_m, clusters_n)") == 3
     fns = emitted_functions(src, ("tile_coord", "swizzled_tile"), RASTER_ALONG_M=raster == "m",
                             SWIZZLE=swizzle, CLUSTER_MN=cluster)
     cm, cn = cluster
     seen = []
-    for unit in range(clusters_m * clusters_n):    # cutlass.utils' M-major, unswizzled unit -> cluster
+    for unit in range(clusters_m * clusters_n):    # work_tile's M-major, unswizzled unit -> cluster
         for i in range(cm):
             for j in range(cn):
                 tm, tn = fns.swizzled_tile((unit % clusters_m) * cm + i, (unit // clusters_m) * cn + j,
@@ -148,7 +148,69 @@ def test_swizzled_kernels_reorder_the_unswizzled_enumeration(clusters_m, cluster
                 seen.append((tm, tn))
     assert sorted(seen) == [(m, n) for m in range(clusters_m * cm) for n in range(clusters_n * cn)]
     plain = emit(plan_of(GemmSpec(), cluster=cluster, raster=raster)).source
-    assert "SWIZZLE, RASTER_ALONG_M)" in plain and "swizzled_tile" not in plain
+    assert f"rest, cl_{raster} = divmod(unit, fast_clusters)" in plain and "swizzled_tile" not in plain
+
+
+def run_work_tile(source: str, cluster: tuple[int, int], units: int, grid_clusters: int, fast: int, slow: int):
+    """Every CTA's tiles, in the order it takes them: the emitted work_tile run as plain Python over a
+    persistent grid of `grid_clusters` clusters, with the host's cluster counts as the divisors."""
+    cta = [0, 0, 0]
+    arch = types.SimpleNamespace(block_idx=lambda: tuple(cta), make_warp_uniform=lambda v: v)
+    tree = ast.parse(source)
+    defs = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "work_tile"]
+    scope = {"cute": types.SimpleNamespace(jit=lambda f: f, arch=arch), "CLUSTER_MN": cluster}
+    exec(compile(ast.Module(body=defs, type_ignores=[]), "<emitted>", "exec"), scope)
+    walks = {}
+    for z in range(grid_clusters):
+        for i in range(cluster[0]):
+            for j in range(cluster[1]):
+                cta[:] = [i, j, z]
+                walks[(i, j, z)] = [scope["work_tile"](u, fast, slow) for u in range(z, units, grid_clusters)]
+    return walks
+
+
+@given(clusters_m=st.integers(1, 9), clusters_n=st.integers(1, 9), layers=st.integers(1, 4),
+       cluster=st.sampled_from([(1, 1), (2, 1), (1, 2), (2, 2)]), raster=st.sampled_from("mn"),
+       split_k=st.sampled_from([1, 2, 3]), grid_clusters=st.integers(1, 40))
+def test_the_static_scheduler_gives_each_tile_to_one_cta(clusters_m, clusters_n, layers, cluster, raster, split_k,
+                                                         grid_clusters):
+    """work_tile (gemmc's persistent scheduler): over the grid, every (tile, split * L) of the cluster-padded
+    tile grid goes to exactly one CTA; a CTA keeps its place in its cluster; cluster z takes units z, z + G,
+    ...; consecutive units step along the raster's extent, then the other, then split * L."""
+    spec = GemmSpec(m="M", n="N", k="K", batch="L")
+    src = emit(plan_of(spec, cluster=cluster, raster=raster, split_k=split_k)).source
+    fast, slow = (clusters_m, clusters_n) if raster == "m" else (clusters_n, clusters_m)
+    units = clusters_m * clusters_n * layers * split_k
+    walks = run_work_tile(src, cluster, units, grid_clusters, fast, slow)
+    tiles = [t for w in walks.values() for t in w]
+    cm, cn = cluster
+    assert sorted(tiles) == [(m, n, l) for m in range(clusters_m * cm) for n in range(clusters_n * cn)
+                             for l in range(layers * split_k)]
+    for (i, j, z), walk in walks.items():
+        assert all((m % cm, n % cn) == (i, j) for m, n, _ in walk)
+        for u, (m, n, l) in zip(range(z, units, grid_clusters), walk):
+            f, s = (m // cm, n // cn) if raster == "m" else (n // cn, m // cm)
+            assert (f, s, l) == (u % fast, u // fast % slow, u // (fast * slow))
+    # the host launches at most MAX_ACTIVE_CLUSTERS clusters, and never more than there are units
+    assert "grid = (*CLUSTER_MN, cutlass.min(work_units, MAX_ACTIVE_CLUSTERS))" in src
+    assert src.count("while unit < work_units:") == 2      # producer and consumers walk the same units
+
+
+@pytest.mark.parametrize("sched", [dict(cluster=(2, 1), swizzle=8, split_k=2),
+                                   dict(mode="pingpong", raster="n", split_k=6),
+                                   dict(tile=(128, 16, 64), mode="pingpong", swap_ab=True),
+                                   dict(stream_k=True)], ids=["coop-sw8-fixup", "pp-serial", "swap", "stream"])
+def test_sm90_kernels_compile_without_deprecated_cutlass_apis(sched, tmp_path, monkeypatch):
+    """The wheel's deprecated persistent scheduler (cutlass.utils.StaticPersistentTileScheduler) is due to
+    leave nvidia-cutlass-dsl: no kernel may lean on it, or on any other API that warns it is going."""
+    import warnings
+    import gemmc
+    monkeypatch.setenv("GEMMC_CACHE_DIR", str(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kernel = gemmc.compile(GemmSpec(m="M", n=4096, k=4096), Schedule(**{"tile": (128, 128, 64), **sched}))
+        assert "cp.async.bulk.tensor" in kernel.ptx
+    assert [str(w.message) for w in caught if issubclass(w.category, (DeprecationWarning, FutureWarning))] == []
 
 
 @given(spec=specs_with_inputs(), split_k=st.sampled_from([1, 2, 4]))
@@ -437,11 +499,16 @@ def test_ptx_has_the_hopper_instructions_the_plan_asks_for(ptx_of, name):
     assert all("griddepcontrol.wait;" in body for body in bodies)
     assert main.index("griddepcontrol.wait;") < main.index("cp.async.bulk.tensor")
     # each operand's TMA loads take an L2 policy picked per call: evict-first (the word 0x12F0000000000000)
-    # when the grid loads each of its tiles once, else the default (0); symbolic M and N: one select each
-    selects = re.findall(r"selp\.b64\s+%rd\d+, 1364590687093260288, 0, %p\d+;", main)
-    assert "1364590687093260288" in main and len(selects) <= 2
+    # when the grid loads each of its tiles once, else the default (0); symbolic M and N: one test each
+    # (ptxas may rematerialize the select beside each load rather than hold 64 bits in the producer's 40
+    # registers, but every copy tests the same extent against the same bound)
+    selects = re.findall(r"setp\.lt\.s32\s+(%p\d+), (%r\d+), (\d+);\s+selp\.b64\s+%rd\d+, 1364590687093260288, 0, \1;",
+                         main)
+    assert "1364590687093260288" in main and main.count("1364590687093260288") == len(selects)
+    conditions = {(extent, bound) for _, extent, bound in selects}
+    assert len(conditions) <= 2
     if isinstance(plan.problem.m, str) and isinstance(plan.problem.n, str):
-        assert len(selects) == 2
+        assert len(conditions) == 2
     # before it waits, the main kernel prefetches its first k-tiles of A and B into L2 (one elected thread)
     prefetches = re.findall(r"cp\.async\.bulk\.prefetch\.tensor\.\dd\.L2\.global\.tile\S* \[%rd(\d+),", main)
     assert len(set(prefetches)) == 2, prefetches      # two tensor maps: A's and B's

@@ -102,7 +102,7 @@ def test_the_kernel_walks_the_models_pieces(tiles, k_tiles, slots):
 
 def test_kernel_walks_its_share_instead_of_the_static_scheduler():
     src = emit(plan_of(cluster=(1, 2))).source
-    assert "StaticPersistentTileScheduler.create" not in src
+    assert "work_tile" not in src and "while unit < work_units:" not in src
     assert src.count("while sk_v < sk_len:") == 2          # producer and consumers
     assert "grid = (CLUSTER_MN[0], CLUSTER_MN[1], cutlass.max(cutlass.min(sk_iterations, MAX_ACTIVE_CLUSTERS), 1))" in src
     assert "SPLIT_K = 1                      # tile scheduler: split-K factor (stream)" in src

@@ -268,6 +268,22 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                 return k_tile_total
         ''')
 
+    if not stream:
+        fast = _fast_extent(plan)
+        facts += "\n\n\n" + _block('''
+            @cute.jit
+            def work_tile(unit, fast_clusters, slow_clusters):
+                """Work unit `unit` -> this CTA's tile (m, n, split * L + batch). Units number the cluster tiles
+                $order, then split * L; the grid's x and y are the cluster's shape, so
+                the CTA's block x and y place its tile inside the cluster tile."""
+                rest, cl_$fast = divmod(unit, fast_clusters)
+                l_raw, cl_$slow = divmod(rest, slow_clusters)
+                cta_m, cta_n, _ = cute.arch.block_idx()
+                return (cute.arch.make_warp_uniform(cl_m * CLUSTER_MN[0] + cta_m),
+                        cute.arch.make_warp_uniform(cl_n * CLUSTER_MN[1] + cta_n),
+                        cute.arch.make_warp_uniform(l_raw))
+        ''', order=_unit_order(plan), fast=fast, slow="n" if fast == "m" else "m")
+
     if _reorders(plan):
         facts += "\n\n" + grouped_raster_source("RASTER_ALONG_M", "SWIZZLE") + "\n\n" + _block('''
             @cute.jit
@@ -290,7 +306,6 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         import cutlass.memory
         import cutlass.tensor_utils
         import cutlass.pipeline as pipeline
-        import cutlass.utils as utils
         import cutlass.utils.hopper_helpers as sm90_utils
         from cutlass.cute.nvgpu import cpasync, warpgroup
     ''', name=p.name, prod_wg=prod.index, stages=plan.pipeline.stages, mode=plan.mode)
@@ -407,16 +422,20 @@ def emit(plan: KernelPlan) -> EmittedKernel:
         staged_host=_indent(staged_host, 4), reduce_lines=_indent(reduce_lines, 4),
         # stream-K walks its iterations itself: no static scheduler to set up
         sched_host=_indent((_TILES_MNL + "\n" + _STREAM_K_GRID if stream else _block('''
-            # tile scheduler: (M tiles, N tiles, SPLIT_K * L) work units, $sched_order
+            # tile scheduler: a work unit is a cluster tile (M and N tiles rounded up to whole clusters) of
+            # one split and batch, numbered $sched_order, then split * L; a persistent
+            # grid of at most MAX_ACTIVE_CLUSTERS clusters walks them (see work_tile)
             $tiles_mnl
-            sched_params = utils.PersistentTileSchedulerParams(
-                (tiles_mnl[0], tiles_mnl[1], tiles_mnl[2] * SPLIT_K), (*CLUSTER_MN, 1), $sched_args)
-            grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched_params, MAX_ACTIVE_CLUSTERS)''',
-            sched_order=("raster order + swizzle from the plan" if plan.scheduler.swizzle == 1 else
-                         "enumerated M-major and unswizzled: swizzled_tile applies the plan's order"),
-            sched_args="SWIZZLE, RASTER_ALONG_M" if plan.scheduler.swizzle == 1 else "1, True",
+            clusters_m = (tiles_mnl[0] + CLUSTER_MN[0] - 1) // CLUSTER_MN[0]
+            clusters_n = (tiles_mnl[1] + CLUSTER_MN[1] - 1) // CLUSTER_MN[1]
+            work_units = clusters_m * clusters_n * tiles_mnl[2] * SPLIT_K
+            # divisors with precomputed multipliers: the kernel decodes a unit with no integer division
+            fast_clusters = cute.fast_divmod_create_divisor_v2(clusters_$fast)
+            slow_clusters = cute.fast_divmod_create_divisor_v2(clusters_$slow)
+            grid = (*CLUSTER_MN, cutlass.min(work_units, MAX_ACTIVE_CLUSTERS))''',
+            sched_order=_unit_order(plan), fast=_fast_extent(plan), slow="n" if _fast_extent(plan) == "m" else "m",
             tiles_mnl=_TILES_MNL)).splitlines(), 4),
-        sched_arg="" if stream else "sched_params,")
+        sched_arg="" if stream else "cutlass.Int32(work_units), fast_clusters, slow_clusters,")
 
     kernel = _kernel_source(plan, main_ops, main_inputs, pingpong, sk, fixup, stream)
     parts = [header, facts, host, kernel]
@@ -436,6 +455,18 @@ def _reorders(plan: KernelPlan) -> bool:
     """Whether the kernel maps its M-major enumeration of cluster tiles through swizzled_tile: under a
     swizzle, and under stream-K (which enumerates tiles itself) for raster n as well."""
     return plan.scheduler.swizzle > 1 or (plan.scheduler.split_k_mode == "stream" and plan.scheduler.raster != "m")
+
+
+def _fast_extent(plan: KernelPlan) -> str:
+    """The cluster extent ("m" or "n") that varies fastest over the work units: the raster's, or M under a
+    swizzle, whose order swizzled_tile applies afterwards."""
+    return "m" if plan.scheduler.swizzle > 1 or plan.scheduler.raster == "m" else "n"
+
+
+def _unit_order(plan: KernelPlan) -> str:
+    if plan.scheduler.swizzle > 1:
+        return "M fastest (swizzled_tile then applies the plan's raster and swizzle)"
+    return "M fastest (raster m)" if plan.scheduler.raster == "m" else "N fastest (raster n)"
 
 
 def _max_clusters(plan: KernelPlan) -> int:
@@ -701,7 +732,8 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup
     ''', kparams=kparams,
         c_params=("mC_mnl: cute.Tensor, out_mnl: cute.Tensor" if plan.swap_ab
                   else "tma_c: cute.CopyAtom, mC_mnl: cute.Tensor, out_mnl: cute.Tensor"),
-        sched_param="" if stream else "sched_params: utils.PersistentTileSchedulerParams, ",
+        sched_param="" if stream else ("work_units: cutlass.Int32, fast_clusters: cute.FastDivmodDivisorV2, "
+                                       "slow_clusters: cute.FastDivmodDivisorV2, "),
         prefetch_c="" if plan.swap_ab else "        cpasync.prefetch_descriptor(tma_c)",
         staged_init=_indent(staged_init.splitlines(), 4), split_decode_p=_indent(split_decode.splitlines(), 12),
         split_decode_f=_indent(split_decode.splitlines(), 16),
@@ -710,26 +742,18 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup
             clusters_m = (num_m + TILE_MNK[0] * CLUSTER_MN[0] - 1) // (TILE_MNK[0] * CLUSTER_MN[0])
             clusters_n = (num_n + TILE_MNK[1] * CLUSTER_MN[1] - 1) // (TILE_MNK[1] * CLUSTER_MN[1])
         ''').splitlines(), 4) if plan.scheduler.swizzle > 1 else "",
-        stream_setup=("\n" + _indent(_STREAM_K_SETUP.splitlines(), 4)) if stream else "",
+        stream_setup="\n" + _indent((_STREAM_K_SETUP if stream else _STATIC_SETUP).splitlines(), 4),
         first_work=_indent((["sk_v = 0", "if sk_v < sk_len:"] if stream else [
-            "first_sched = utils.StaticPersistentTileScheduler.create(",
-            "    sched_params, cute.arch.block_idx(), cute.arch.grid_dim())",
-            "first_work = first_sched.initial_work_tile_info()",
-            "if first_work.is_valid_tile:",
-            "    tile_m, tile_n, tile_l_raw = first_work.tile_idx"]), 12),
+            "if first_unit < work_units:",
+            "    tile_m, tile_n, tile_l_raw = work_tile(first_unit, fast_clusters, slow_clusters)"]), 12),
         producer_sched=_indent(["# stream-K: this cluster's iterations, in the consumers' order", "sk_v = 0"]
                                if stream else [
-            "# tile scheduler: same work order as the consumers",
-            "tile_sched = utils.StaticPersistentTileScheduler.create(",
-            "    sched_params, cute.arch.block_idx(), cute.arch.grid_dim())",
-            "work = tile_sched.initial_work_tile_info()"], 8),
+            "# tile scheduler: same work order as the consumers", "unit = first_unit"], 8),
         producer_loop=_indent(["while sk_v < sk_len:"] if stream else
-                              ["while work.is_valid_tile:", "    tile_m, tile_n, tile_l_raw = work.tile_idx"], 8),
+                              _STATIC_LOOP_HEAD.splitlines(), 8),
         producer_next=_indent(["sk_v += k_count"] if stream else
-                              ["tile_sched.advance_to_next_work()", "work = tile_sched.get_current_work()"], 12),
-        consumer_sched="" if stream else _indent([
-            "tile_sched = utils.StaticPersistentTileScheduler.create(",
-            "    sched_params, cute.arch.block_idx(), cute.arch.grid_dim())"], 8),
+                              ["unit += grid_clusters"], 12),
+        consumer_sched="" if stream else _indent(["unit = first_unit"], 8),
         consumer=_consumer_source(plan, epi_math, split_decode, pingpong, staged_loop, bool(staged), fixup, stream))
     return src
 
@@ -763,7 +787,7 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
                 epi_next.arrive()
                 # work unit 0 belongs to warpgroup 0: skip its stages
                 $skip_first
-                tile_sched.advance_to_next_work()
+                unit += grid_clusters
         $loop_init
         num_tiles_done = 0
         $staged_setup$fixup_setup
@@ -798,7 +822,7 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
             if cutlass.const_expr(PINGPONG):
                 mma_next.arrive()
                 # skip the stages of the other warpgroup's next tile
-                tile_sched.advance_to_next_work()
+                unit += grid_clusters
                 $skip_other
 
             $fixup$epi_math
@@ -823,16 +847,14 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
         epi_math=_indent_tail(_last_split_only(epi_math, sums_partials and not staged), 4),
         fixup_setup=("\n" + _FIXUP_SETUP) if sums_partials else "",
         count_tile="" if sums_partials else "num_tiles_done += 1",
-        loop_init="sk_v = 0" if stream else "work = tile_sched.get_current_work()",
-        loop_head=("while sk_v < sk_len:" if stream else
-                   "while work.is_valid_tile:\n    tile_m, tile_n, tile_l_raw = work.tile_idx"),
-        loop_next=("sk_v += k_count" if stream else
-                   "tile_sched.advance_to_next_work()\n    work = tile_sched.get_current_work()"),
+        loop_init="sk_v = 0" if stream else "",
+        loop_head="while sk_v < sk_len:" if stream else _STATIC_LOOP_HEAD,
+        loop_next="sk_v += k_count" if stream else "unit += grid_clusters",
         staged_setup=("epi_bar = epi_load_bar + (consumer_wg if PINGPONG else 0)\nepi_phase = cutlass.Int32(0)"
                       if staged else ""),
         store=_indent_tail(_last_split_only(Template(_STORE_DIRECT if plan.swap_ab else _STORE_TMA).substitute(
             staged_loop=_indent(staged_loop.splitlines(), 4)).strip("\n"), sums_partials, ("num_tiles_done += 1",)), 4),
-        skip_first=_indent_tail(_skip_stages("first"), 8), skip_other=_indent_tail(_skip_stages("other"), 8))
+        skip_first=_indent_tail(_SKIP_STAGES, 8), skip_other=_indent_tail(_SKIP_STAGES, 8))
     return _indent(body.splitlines(), 8)
 
 
@@ -1009,16 +1031,19 @@ def _last_split_only(code: str, fixup: bool, then: tuple[str, ...] = ()) -> str:
     return "if is_last:\n" + _indent(code.splitlines() + list(then), 4)
 
 
-def _skip_stages(work: str) -> str:
-    """Ping-pong: step both stage counters past the k-tiles of work unit `work` (the other WG's).
-    One template for the first work unit and for the one after each main loop, so they cannot drift."""
-    return _block('''
-        $w = tile_sched.get_current_work()
-        if $w.is_valid_tile:
-            for _ in range(k_tiles_of($w.tile_idx[2], k_tile_total, num_l)):
-                read_state.advance()
-                release_state.advance()
-    ''', w=work)
+# Ping-pong: step both stage counters past the k-tiles of work unit `unit` (the other WG's). One template
+# for the first work unit and for the one after each main loop, so they cannot drift.
+_SKIP_STAGES = '''if unit < work_units:
+    for _ in range(k_tiles_of(work_tile(unit, fast_clusters, slow_clusters)[2], k_tile_total, num_l)):
+        read_state.advance()
+        release_state.advance()'''
+
+# the static scheduler: cluster z of the grid takes work units z, z + G, z + 2G, ... (G clusters in the grid)
+_STATIC_SETUP = '''# tile scheduler: this cluster's work units are first_unit, first_unit + grid_clusters, ...
+first_unit = cute.arch.make_warp_uniform(cute.arch.block_idx()[2])
+grid_clusters = cute.arch.grid_dim()[2]'''
+_STATIC_LOOP_HEAD = '''while unit < work_units:
+    tile_m, tile_n, tile_l_raw = work_tile(unit, fast_clusters, slow_clusters)'''
 
 
 def resolve_mode(source: str, pingpong: bool) -> str:
