@@ -4,7 +4,10 @@
     fake_arguments(emitted) one fake per Param (symbolic dims, 16-B alignment) + the env-stream placeholder
     compile_emitted(...)    cute.compile(..., options="--enable-tvm-ffi --gpu-arch <arch>") -> compiled object
     jit_callable(emitted)   compile in this process -> a runtime.Launcher (validates, allocates, launches)
-    build(emitted, cache)   export_to_c + `cc -shared` -> Artifact(.so, .ptx, .py) in the kernel cache
+    build(emitted, cache)   export_to_c + `$CC -shared` -> Artifact(.so, .ptx, .py) in the kernel cache
+
+A built .so is native code of the build host's OS and CPU: the key names them (`host_platform`), so a cache
+built on x86-64 never serves an aarch64 host (GH200) a .so it cannot load.
 
 Everything that imports `cutlass` is inside a function: importing this module stays cheap and
 GPU hosts without the DSL compiler never reach those paths (they load artifacts through gemmc.runtime).
@@ -21,12 +24,15 @@ import hashlib
 import importlib.util
 import json
 import os
+import platform
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -79,13 +85,15 @@ def _write_source(src_dir: Path, path: Path, digest: str, source: str) -> None:
     _sweep_sources(src_dir)
 
 
-def load_module(emitted: EmittedKernel):
-    """Write `emitted.source` to `<cache>/sources/<sha256>.py` and import it (once per process)."""
+def load_module(emitted: EmittedKernel, cache_root: Optional[Path] = None):
+    """Write `emitted.source` to `<cache_root>/sources/<sha256>.py` and import it (once per process).
+    `cache_root`: the cache being built into (default: GEMMC_CACHE_DIR's), so a build into an explicit
+    KernelCache writes nothing anywhere else."""
     digest = source_digest(emitted)
     mod = _MODULES.get(digest)
     if mod is not None:
         return mod
-    src_dir = default_cache_dir() / "sources"
+    src_dir = Path(cache_root if cache_root is not None else default_cache_dir()) / "sources"
     path = src_dir / f"{digest}.py"
     try:
         current = path.read_text()
@@ -216,11 +224,12 @@ def compile_arch(emitted: EmittedKernel) -> str:
     return emitted.compile_arch or emitted.arch
 
 
-def compile_emitted(emitted: EmittedKernel, *, ptx_dir: Optional[str] = None):
-    """`cute.compile` the entry with fake arguments; with `ptx_dir`, the PTX is kept (see `obj.__ptx__`)."""
+def compile_emitted(emitted: EmittedKernel, *, ptx_dir: Optional[str] = None, cache_root: Optional[Path] = None):
+    """`cute.compile` the entry with fake arguments; with `ptx_dir`, the PTX is kept (see `obj.__ptx__`).
+    `cache_root`: where the source is written (see `load_module`)."""
     import cutlass.cute as cute
 
-    fn = getattr(load_module(emitted), emitted.entry)
+    fn = getattr(load_module(emitted, cache_root), emitted.entry)
     arch = compile_arch(emitted)
     options = f"--enable-tvm-ffi --gpu-arch {arch}"
     if ptx_dir is not None:
@@ -235,10 +244,10 @@ def compile_emitted(emitted: EmittedKernel, *, ptx_dir: Optional[str] = None):
                              f"{type(e).__name__}: {e}") from e
 
 
-def compile_with_ptx(emitted: EmittedKernel):
+def compile_with_ptx(emitted: EmittedKernel, cache_root: Optional[Path] = None):
     """(compiled object, PTX text)."""
     with tempfile.TemporaryDirectory(prefix="gemmc-ptx-") as d:
-        obj = compile_emitted(emitted, ptx_dir=d)
+        obj = compile_emitted(emitted, ptx_dir=d, cache_root=cache_root)
         ptx = obj.__ptx__
     if not ptx or not ptx.lstrip().startswith(("//", ".version")):
         raise BuildError(f"the DSL produced no PTX for {emitted.entry!r} (got {str(ptx)[:80]!r})")
@@ -258,11 +267,17 @@ def jit_callable(emitted: EmittedKernel):
 
 # -- AOT build --------------------------------------------------------------------------------------
 
+def host_platform() -> str:
+    """The OS and CPU the linked .so is native code for, e.g. "linux-x86_64"."""
+    return f"{sys.platform}-{platform.machine()}"
+
+
 def key_material(emitted: EmittedKernel) -> str:
-    """What identifies a compiled kernel: its source, entry, params and compile arch."""
+    """What identifies a compiled kernel: its source, entry, params, compile arch and the host it links for."""
     params = [param_to_dict(p) for p in emitted.params]
     return json.dumps({"source": emitted.source, "entry": emitted.entry, "params": params,
-                       "compile_arch": compile_arch(emitted), "fakes": FAKE_ARGUMENTS_REVISION}, sort_keys=True)
+                       "compile_arch": compile_arch(emitted), "fakes": FAKE_ARGUMENTS_REVISION,
+                       "host": host_platform()}, sort_keys=True)
 
 
 def emitted_key(emitted: EmittedKernel, material: Optional[str] = None,
@@ -294,14 +309,38 @@ def _runtime_flavor(libs: list[str]) -> str:
     return ""
 
 
-def link_shared(obj_path: str, so_path: str, libs: list[str]) -> None:
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        raise BuildError("no C compiler to link the kernel .so: install gcc or set CC")
-    cmd = [cc, "-shared", "-o", so_path, obj_path, *libs]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+def c_compiler() -> list[str]:
+    """The command that links kernel .so files: $CC (split as a shell would, e.g. "ccache gcc"), else gcc, else
+    cc. Checked before a compile, so a host that cannot link fails in a moment, not after the DSL's compile."""
+    cc = os.environ.get("CC", "").strip()
+    if not cc:
+        found = shutil.which("gcc") or shutil.which("cc")
+        if found is None:
+            raise BuildError("no C compiler to link the kernel .so (neither gcc nor cc is on PATH): install gcc, "
+                             "or set CC to a C compiler")
+        return [found]
+    try:
+        cmd = shlex.split(cc)
+    except ValueError as e:
+        raise BuildError(f"CC={cc!r} is not a command line ({e}); set CC to a C compiler, e.g. CC=gcc") from None
+    if not cmd or shutil.which(cmd[0]) is None:
+        raise BuildError(f"CC={cc!r}: {(cmd or [cc])[0]!r} is not an executable on PATH; set CC to a C "
+                         "compiler (e.g. CC=gcc), or unset it to use gcc")
+    return cmd
+
+
+def link_shared(obj_path: str, so_path: str, libs: list[str], cc: Optional[list[str]] = None) -> None:
+    cc = cc or c_compiler()
+    cmd = [*cc, "-shared", "-o", so_path, obj_path, *libs]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:        # not a cache write: keep cache._build from blaming the disk
+        raise BuildError(f"running the C compiler {cmd[0]!r} to link the kernel .so failed: {e.strerror or e}; "
+                         "set CC to a working C compiler") from e
     if proc.returncode != 0:
-        raise BuildError(f"linking failed ({' '.join(cmd)}):\n{proc.stderr.strip()}")
+        out = (proc.stderr.strip() or proc.stdout.strip() or "(it printed nothing)")
+        raise BuildError(f"linking the kernel .so failed: {cmd[0]} exited with status {proc.returncode}:\n{out}\n"
+                         f"  command: {shlex.join(cmd)}\n  Fix that compiler, or set CC to another one")
 
 
 def compiler_available() -> bool:
@@ -322,6 +361,19 @@ def _version_text(v: dict) -> str:
     return ", ".join(f"{name} {v.get(name, '?')}" for name in ("gemmc", "nvidia-cutlass-dsl", "apache-tvm-ffi"))
 
 
+def _how_built_otherwise(emitted: EmittedKernel, meta: dict, here: dict) -> str:
+    """How an entry holding the same kernel source was built differently from what this host asks for."""
+    built = meta.get("versions", {})
+    diff = [f"{n} {built.get(n, '?')} (here {here[n]})" for n in here if built.get(n) != here[n]]
+    how = [f"with other versions: {', '.join(diff)}"] if diff else []
+    if meta.get("compile_arch", compile_arch(emitted)) != compile_arch(emitted):
+        how.append(f"for {meta['compile_arch']} (here {compile_arch(emitted)}: GEMMC_SM80_COMPILE_ARCH must "
+                   "be the same on both hosts)")
+    if meta.get("host", host_platform()) != host_platform():
+        how.append(f"on a {meta['host']} host (a .so is native code: build on a {host_platform()} host)")
+    return "; ".join(how) or "with other params or kernel IR (another gemmc checkout of the same version?)"
+
+
 def explain_unbuildable(emitted: EmittedKernel, cache: KernelCache, key: str, why: str) -> str:
     """Why the cache cannot serve `emitted` on a host that cannot compile it, and how to fix that."""
     here = cache.versions()
@@ -334,9 +386,7 @@ def explain_unbuildable(emitted: EmittedKernel, cache: KernelCache, key: str, wh
               and m.get("meta", {}).get("arch") == emitted.arch
               and m.get("files", {}).get("kernel.py", {}).get("sha256") == digest]
     for d, m in others[:3]:
-        built = m.get("meta", {}).get("versions", {})
-        diff = [f"{n} {built.get(n, '?')} (here {here[n]})" for n in here if built.get(n) != here[n]]
-        lines.append(f"  {d} holds this kernel built with other versions: {', '.join(diff) or 'unknown'}")
+        lines.append(f"  {d} holds this kernel built {_how_built_otherwise(emitted, m.get('meta', {}), here)}")
     if here["nvidia-cutlass-dsl"] == "unknown":
         from .cache import RUNTIME_LIBS, runtime_library_fingerprints
         libs = ", ".join(p for p, _ in runtime_library_fingerprints()) or "none found"
@@ -353,9 +403,10 @@ def explain_unbuildable(emitted: EmittedKernel, cache: KernelCache, key: str, wh
 def build(emitted: EmittedKernel, cache: Optional[KernelCache] = None, *,
           material: Optional[str] = None) -> Artifact:
     """Build (or fetch) the kernel's .so + .ptx in the cache. `material` (e.g. the lowered IR text)
-    replaces the emitted source as the key's identity when given. On a host without the compiler, an entry
-    whose kernel.ptx or kernel.py is missing is still served (`Artifact.defects` says what is wrong), and a
-    miss is a BuildError that says which entry and why."""
+    replaces the emitted source as the key's identity when given. An entry whose kernel.ptx or kernel.py is
+    missing or damaged is rebuilt; where that cannot be done (no compiler here, or a cache this host cannot
+    write) it is still served, since its .so runs (`Artifact.defects` says what is wrong). On a host without
+    the compiler a miss is a BuildError that says which entry and why."""
     cache = cache if cache is not None else default_cache()
     key = emitted_key(emitted, material, cache)
     art = cache.lookup(key)
@@ -368,15 +419,16 @@ def build(emitted: EmittedKernel, cache: Optional[KernelCache] = None, *,
     function_name = f"gemmc_{key[:16]}"
 
     def builder(staging: Path) -> dict:
+        cc = c_compiler()          # before the compile: a host that cannot link says so at once
         import cutlass.cute as cute
-        obj, ptx = compile_with_ptx(emitted)
+        obj, ptx = compile_with_ptx(emitted, cache.root)
         obj_path = staging / "kernel.o"
         try:
             obj.export_to_c(str(obj_path), function_name=function_name)
         except Exception as e:
             raise BuildError(f"export_to_c failed for {emitted.entry!r}: {type(e).__name__}: {e}") from e
         libs = cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)
-        link_shared(str(obj_path), str(staging / "kernel.so"), libs)
+        link_shared(str(obj_path), str(staging / "kernel.so"), libs, cc)
         obj_path.unlink()
         (staging / "kernel.ptx").write_text(ptx)
         (staging / "kernel.py").write_text(emitted.source)
@@ -388,8 +440,22 @@ def build(emitted: EmittedKernel, cache: Optional[KernelCache] = None, *,
             "params": [param_to_dict(p) for p in emitted.params],
             "runtime_flavor": _runtime_flavor(libs),
             "versions": cache.versions(),
+            "host": host_platform(),
         }
 
-    art = cache.get_or_build(key, builder)
+    try:
+        built = cache.get_or_build(key, builder)
+    except BuildError as e:
+        if art is None:
+            raise
+        return _serve_unrepaired(art, e)
     _record_runtime_libraries(cache)
+    return built
+
+
+def _serve_unrepaired(art: Artifact, error: BuildError) -> Artifact:
+    """A runnable entry (only kernel.ptx or kernel.py at fault) that this host failed to rebuild, e.g. in a
+    read-only cache another account built: run it as it is, as a host without the compiler does."""
+    warnings.warn(f"gemmc: the cache entry {art.directory} runs, but {'; '.join(art.defects)}, and rebuilding it "
+                  f"failed ({error}); it is served as it is", stacklevel=3)
     return art

@@ -3,10 +3,14 @@
     gemmc build --m 4096 --n 4096 --k 4096 --dtype bf16 --arch sm_90a [--tile 128x256x64 ...]
                 [--cache-dir DIR] [--ptx FILE]
 
-Prints one line per kernel: its cache key and the directory holding kernel.so / kernel.ptx / kernel.py,
-then the cache root (on stderr when `--ptx -` writes the PTX to stdout, so stdout is the PTX alone).
-Copy that root to a GPU host (GEMMC_CACHE_DIR) and `gemmc.compile(...)` with the
-same problem and schedule loads the .so from it without compiling.
+Prints one line per kernel as it is built (or found): its cache key, schedule, arch (and the arch it was
+compiled for where GEMMC_SM80_COMPILE_ARCH makes that another) and the directory holding kernel.so /
+kernel.ptx / kernel.py; under `auto` with a symbolic M, one more line per M bucket; then the cache root.
+They go to stderr when `--ptx -` writes the PTX to stdout, so stdout is the PTX alone. `--ptx` writes the
+PTX of the first line's kernel; a problem no kernel takes (auto runs torch.matmul) has none, and is then
+an error. Copy the root to a GPU host (GEMMC_CACHE_DIR) and `gemmc.compile(...)` with the same problem and
+schedule loads the .so from it without compiling. `auto` reads the tuning DB of the cache it builds into
+(`<cache-dir>/tuning.sqlite`, unless GEMMC_TUNING_DB is set), as the GPU host reading that cache will.
 """
 from __future__ import annotations
 
@@ -22,8 +26,10 @@ def register(sub) -> None:
                        description="Build the kernel for a problem and schedule into the kernel cache.")
     add_problem_and_schedule_args(p)
     out = p.add_argument_group("output")
-    out.add_argument("--cache-dir", default=None, help="cache root (default: $GEMMC_CACHE_DIR or ~/.cache/gemmc)")
-    out.add_argument("--ptx", default=None, metavar="FILE", help="also write the PTX to FILE ('-': stdout)")
+    out.add_argument("--cache-dir", default=None, help="cache root (default: $GEMMC_CACHE_DIR or ~/.cache/gemmc); "
+                     "`auto` reads the tuning DB there too, unless GEMMC_TUNING_DB is set")
+    out.add_argument("--ptx", default=None, metavar="FILE",
+                     help="also write the PTX of the (first) kernel to FILE ('-': stdout)")
     p.set_defaults(func=run_build)
 
 
@@ -37,6 +43,12 @@ def _check_ptx_destination(path: str) -> None:
         raise GemmcError(f"--ptx {path}: the folder {folder} does not exist; create it or write the PTX elsewhere")
     if not os.access(dest if os.path.exists(dest) else folder, os.W_OK):
         raise GemmcError(f"--ptx {path}: not writable here; write the PTX elsewhere, or '-' for stdout")
+
+
+def _arch_text(k) -> str:
+    """The arch, and the one the kernel was compiled for where they differ (sm_80 built for Hopper)."""
+    compiled_for = k.kernel.emitted.compile_arch or k.arch
+    return k.arch if compiled_for == k.arch else f"{k.arch}, compiled for {compiled_for}"
 
 
 def run_build(args) -> int:
@@ -55,10 +67,13 @@ def run_build(args) -> int:
     schedule, _ = schedule_from_args(args, spec)      # flags edit the --schedule pick, as in `gemmc compile`
     k = compile(spec, schedule=schedule, arch=args.arch)
     if k.schedule is None:          # auto on a problem no kernel takes (compiler.CublasOnlyGemm)
+        if args.ptx:                # asked for a file that will not exist: a script must not read on
+            raise GemmcError(f"--ptx {args.ptx}: there is no kernel, so no PTX: {k.decision.detail}. Drop --ptx "
+                             "(the cache needs nothing for this problem), or change the problem as that says")
         print(f"nothing to build: {k.decision.detail}", file=status, flush=True)
         return 0
     art = k.artifact
-    print(f"{art.key}  {k.schedule.short()} ({k.arch})  {art.directory}", file=status, flush=True)
+    print(f"{art.key}  {k.schedule.short()} ({_arch_text(k)})  {art.directory}", file=status, flush=True)
     if k.m_buckets is not None:     # symbolic M under auto: every bucket's kernel, so any M runs from the cache
         from .cli import _bucket_runs
         for rng, d in _bucket_runs(k.m_buckets.table()):
@@ -68,11 +83,12 @@ def run_build(args) -> int:
             a = k.m_buckets.kernel_for(d.schedule).artifact
             print(f"  M {rng}: {a.key}  {d.schedule.short()}  {a.directory}", file=status, flush=True)
     if args.ptx == "-":
-        sys.stdout.write(art.ptx)
+        sys.stdout.write(k.ptx)
     elif args.ptx:
+        ptx = k.ptx         # an entry served without its kernel.ptx raises here, saying how to restore it
         try:
             with open(os.path.expanduser(args.ptx), "w") as f:
-                f.write(art.ptx)
+                f.write(ptx)
         except OSError as e:      # checked before the build, but the disk can still fill up
             raise GemmcError(f"--ptx {args.ptx}: cannot write it: {e.strerror or e}; the kernel itself is in "
                              f"{art.directory}") from None

@@ -90,3 +90,18 @@ def fp32_precision_tf32():
     cuda.fp32_precision = "tf32"
     yield cuda
     cuda.fp32_precision = before
+
+
+@pytest.fixture
+def count_compiles(monkeypatch):
+    """The entries compiled during the test (gemmc.build.compile_with_ptx calls)."""
+    import gemmc.build as gb
+    calls = []
+    real = gb.compile_with_ptx
+
+    def counting(emitted, *args, **kwargs):
+        calls.append(emitted.entry)
+        return real(emitted, *args, **kwargs)
+
+    monkeypatch.setattr(gb, "compile_with_ptx", counting)
+    return calls

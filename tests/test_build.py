@@ -17,19 +17,6 @@ from gemmc.errors import BuildError
 from toy_kernel import toy_emitted, toy_params
 
 
-@pytest.fixture
-def count_compiles(monkeypatch):
-    calls = []
-    real = gb.compile_with_ptx
-
-    def counting(emitted):
-        calls.append(emitted.entry)
-        return real(emitted)
-
-    monkeypatch.setattr(gb, "compile_with_ptx", counting)
-    return calls
-
-
 @pytest.fixture(scope="module")
 def toy_artifact(tmp_path_factory):
     return gb.build(toy_emitted(), KernelCache(tmp_path_factory.mktemp("toycache")))
@@ -283,7 +270,7 @@ def fake_kernel_build(monkeypatch, tmp_path):
 
     def fake_build(self):
         built.append(self.schedule)
-        return SimpleNamespace(key="key-1", directory=str(tmp_path / "kernel"),
+        return SimpleNamespace(key="key-1", directory=str(tmp_path / "kernel"), ptx_path=str(tmp_path / "k.ptx"),
                                ptx="// PTX of the kernel\n.version 8.0\n")
     monkeypatch.setattr("gemmc.compiled.CompiledKernel.build", fake_build)
     return built
