@@ -85,17 +85,22 @@ def method_of(cfg) -> dict:
     if cfg.host_timing:
         how = ("host timing: CUDA events around a loop of eager user calls k(a, b) and torch.matmul(a, b.T) "
                "(output allocated per call), so launch and host overhead count")
+        # the timed calls allocate their outputs: only the check before timing reads gemmc's results
+        timed_check = "The timed calls' own outputs are not read back."
     else:
         how = ("CUDA graphs: each timed unit is one graph of `launches` calls (out= preallocated), timed by CUDA "
                "events; launch gaps do not count")
+        timed_check = ("The timed graph launches are checked the same way after timing (their outputs NaN-filled "
+                       "before the first replay).")
     text = (f"{how}. gemmc and cuBLAS (torch.matmul) in one process, interleaved repeat by repeat (order "
-            f"alternating); input sets rotated through >= {cfg.l2_factor:g}x L2 (capped at {cfg.max_sets} sets); "
+            f"alternating); input sets rotated through >= {cfg.l2_factor:g}x L2 (capped at {cfg.max_sets} sets: a "
+            "shape too small to reach it that way has `below_l2_factor` true and its `rotated_l2_factor`); "
             f"randn inputs (seed {cfg.seed}); {cfg.warmup} warm-up + {cfg.repeats} timed units per side; median "
             f"and IQR/min/max per call. Every gemmc result is checked before timing: output NaN-filled, relative "
             f"Frobenius error vs an fp32 product of the upcast inputs < {cfg.tolerance:g} (for plain GEMMs with "
             "16-bit outputs also <= 2x cuBLAS's own + 1e-4), and every element within its error bound (`elem_err` "
-            "<= 1: accumulation and output rounding); a failing shape is reported, not timed. The timed graph "
-            "launches are checked the same way after timing (their outputs NaN-filled before the first replay). ratio = median over the repeats of cuBLAS time / gemmc time, the two of a repeat "
+            f"<= 1: accumulation and output rounding); a failing shape is reported, not timed. {timed_check} "
+            "ratio = median over the repeats of cuBLAS time / gemmc time, the two of a repeat "
             "timed back to back (> 1: gemmc faster); `ratio_of_medians` and each side's `drift` (max/min - 1 of "
             "its samples: a clock step shows there) are kept too.")
     if getattr(cfg, "settle_s", 0) > 0:
@@ -106,7 +111,8 @@ def method_of(cfg) -> dict:
         from .timing import SETTLE_MIN_CALL_US
         text += (f" Sustained: for a shape whose call takes >= {SETTLE_MIN_CALL_US:g} us, each side runs back to "
                  f"back for {cfg.sustained_s:g} s before each of its timed units (no interleaving within a unit), "
-                 "so each is timed at the power-capped clock its own load sets (`sustained` true in the record).")
+                 "so each is timed at the power-capped clock its own load sets (`sustained` true in the record); "
+                 "those shapes run no warm-up units, the back-to-back runs warm each side instead.")
     if getattr(cfg, "aa_check", False):
         text += (" A/A check: a third side runs the same cuBLAS call into gemmc's output slots; aa_ratio = "
                  "cuBLAS time / that time (paired the same way), which differs from 1 by noise alone.")
@@ -163,9 +169,16 @@ def write_json(report: dict, path) -> Path:
 
 
 def load_json(path) -> dict:
-    report = json.loads(Path(path).read_text())
-    if report.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a gemmc bench report (format {report.get('format')!r}, expected {FORMAT!r})")
+    """A report written by write_json; ValueError naming the file where it is not one."""
+    try:
+        report = json.loads(Path(path).read_text())
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a gemmc bench report (not text)") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not a gemmc bench report (not JSON: {e})") from None
+    found = report.get("format") if isinstance(report, dict) else type(report).__name__
+    if found != FORMAT:
+        raise ValueError(f"{path}: not a gemmc bench report (format {found!r}, expected {FORMAT!r})")
     return report
 
 
@@ -179,10 +192,34 @@ def default_output_path(suite: str, gpu_name: Optional[str], host_timing: bool =
     return Path(root) / f"{date}-{tag}-{suite}{'-host' if host_timing else ''}.json"
 
 
+def unused_path(path) -> Path:
+    """`path`, or where a report (or its plot) is already there, the first free `<stem>-2`, `-3`, ...: a second
+    run on the same day (another policy, say) must not overwrite the first one's default report."""
+    path = Path(path)
+
+    def taken(p: Path) -> bool:
+        return p.exists() or p.with_suffix(".png").exists()
+
+    n, candidate = 2, path
+    while taken(candidate):
+        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
+        n += 1
+    return candidate
+
+
 # ---- terminal table ------------------------------------------------------------------------------
 
 def _fmt(x, spec=".1f") -> str:
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def _row_notes(r: dict) -> str:
+    notes = ""
+    if r.get("sustained"):   # own clock (--sustained-s): each side timed alone at the power-capped clock it sets
+        notes += "  [own clock]"
+    if r.get("below_l2_factor"):   # too small to rotate through --l2-factor x L2 within the cap on input sets
+        notes += f"  [inputs {r['rotated_l2_factor']:.2g}x L2: partly warm]"
+    return notes
 
 
 def format_table(results: Sequence[dict]) -> str:
@@ -192,9 +229,8 @@ def format_table(results: Sequence[dict]) -> str:
         if r.get("status") == "ok":
             g = r["gemmc_us"]
             spread = f"±{100 * (g['q3'] - g['q1']) / (2 * g['median']):.1f}%" if g["median"] else "-"
-            # own clock (--sustained-s): each side timed alone at the power-capped clock its own load sets
             rows.append((r["shape"], _fmt(r["gemmc_tflops"]), _fmt(r["cublas_tflops"]), _fmt(r["ratio"], ".3f"),
-                         spread, (r.get("schedule") or "-") + ("  [own clock]" if r.get("sustained") else "")))
+                         spread, (r.get("schedule") or "-") + _row_notes(r)))
         else:
             err = (r.get("error") or "").splitlines()[0] if r.get("error") else ""
             rows.append((r["shape"], "-", _fmt(r.get("cublas_tflops")), "-", "-",

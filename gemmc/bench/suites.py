@@ -94,7 +94,7 @@ _SPLIT = re.compile(r"[\s,;]+")
 
 
 def parse_shapes(text: str, source: str = "<shapes>") -> list[Shape]:
-    """`M N K` per line, separated by spaces, tabs or commas; `#` starts a comment; blank lines
+    """`M N K` per line, separated by spaces, tabs, commas or semicolons; `#` starts a comment; blank lines
     are skipped; a CSV header line `M,N,K` (any case) is allowed as the first data line."""
     shapes: list[Shape] = []
     seen_data = False
@@ -125,9 +125,12 @@ def parse_shapes(text: str, source: str = "<shapes>") -> list[Shape]:
 def load_shapes(path) -> list[Shape]:
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8-sig")   # -sig: a spreadsheet's CSV export starts with a BOM
     except OSError as e:
         raise ShapeFileError(f"cannot read shapes file {p}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ShapeFileError(f"shapes file {p} is not text (byte {e.start} is not UTF-8); write one 'M N K' "
+                             "per line in a plain text file") from None
     return parse_shapes(text, str(p))
 
 

@@ -31,7 +31,7 @@ import torch
 
 from ..schedule import MODES, RASTERS, Schedule, ScheduleSpace, enumerate_schedules, resolve_stages
 from ..spec import GemmSpec
-from .dataset import DatasetWriter
+from .dataset import DatasetWriter, best_record
 from .suites import Shape, cuda_l2, dedupe, llm, square
 from .timing import (Checker, CudaClock, TimingConfig, cublas_matmul, input_set_count, l2_bytes_of, launch_count,
                      make_input_sets, nan_fill, spin_up, time_interleaved, unit_calls)
@@ -53,7 +53,7 @@ class SweepConfig:
     eager_above_us: float = 1000.0  # kernels this long are timed as one eager call (graphs gain nothing)
     top: int = 3                    # re-measured carefully per shape
     refine: TimingConfig = field(default_factory=lambda: TimingConfig(repeats=5, warmup=1, min_unit_us=1000,
-                                                                      max_launches=200, max_sets=4096))
+                                                                      max_launches=200))
     tolerance: float = 1e-2         # cap on the relative Frobenius error (timing.check_failure)
     seed: int = 0
     dtype: str = "bf16"
@@ -254,7 +254,7 @@ def measure_shape(shape: Shape, schedules: Sequence[Schedule], kernels: dict, co
             summary["broken"] = broken = not _cuda_healthy()
     for r in recs.values():
         r["cublas_us"] = cublas_us
-    best = min((r for r in recs.values() if r["time_us"] is not None), key=lambda r: r["time_us"], default=None)
+    best = best_record(recs.values())
     summary.update(ok=sum(r["time_us"] is not None for r in recs.values()), cublas_us=cublas_us,
                    best_us=best and best["time_us"],
                    best=best and Schedule.from_dict(best["schedule"]).short())

@@ -54,7 +54,9 @@ class TimingConfig:
     min_launches: int = 1
     max_launches: int = 200    # ...with this many launches at most (raised to cover every input set)
     l2_factor: float = 2.0     # rotate through input sets totalling at least this x L2
-    max_sets: int = 4096
+    # ...in at most this many sets (one launch each per unit): enough for every suite shape, down to 64^3
+    # (24 KiB a set: 5120 sets on a 60 MiB L2), on an L2 of up to 96 MiB; tinier shapes are flagged instead
+    max_sets: int = 8192
     host_timing: bool = False  # eager user-style calls (host overhead included), no graphs
     tolerance: float = 1e-2    # cap on the relative Frobenius error against the fp32 reference (see check_failure)
     seed: int = 0
@@ -156,7 +158,7 @@ def set_bytes(shape: Shape, elem_bytes: int, out_bytes: Optional[int] = None) ->
 
 
 def input_set_count(shape: Shape, elem_bytes: int, l2_bytes: int, l2_factor: float = 2.0,
-                    max_sets: int = 4096) -> int:
+                    max_sets: int = TimingConfig.max_sets) -> int:
     return max(1, min(max_sets, math.ceil(l2_factor * l2_bytes / set_bytes(shape, elem_bytes))))
 
 
@@ -330,6 +332,7 @@ class Checker:
 # ---- timing ----------------------------------------------------------------------------------
 
 SETTLE_MIN_CALL_US = 100.0   # shorter calls do not reach the power cap within a timed unit
+RESPIN_AFTER_COMPILE_S = 1.0   # a shape compiled in the loop for longer left the GPU idle: its clocks fell
 
 
 def settle(unit: Callable[[], None], clock: Clock, seconds: float) -> int:
@@ -429,6 +432,8 @@ def describe_schedule(kernel) -> tuple[Optional[str], Optional[dict]]:
         return f"cuBLAS ({what} {s.short()})", {**s.to_dict(), "dispatch": "cublas"}
     if isinstance(s, Schedule):
         return s.short(), s.to_dict()
+    if s is None and getattr(decision, "use_cublas", False):   # no kernel takes the shape: torch.matmul runs it
+        return f"cuBLAS (no gemmc kernel: {decision.source})", {"dispatch": "cublas", "why": decision.detail}
     return (None if s is None else str(s)), None
 
 
@@ -554,12 +559,21 @@ def spin_up(seconds: float = 0.5, device="cuda") -> None:
         torch.cuda.synchronize(device)
 
 
+def rotation_fields(sets: InputSets, l2_bytes: int, cfg: TimingConfig) -> dict:
+    """How far a shape's input sets cover the L2: a shape too small to reach cfg.l2_factor x L2 within
+    cfg.max_sets sets is timed partly from a warm L2, which its record must say."""
+    factor = sets.rotated_bytes / l2_bytes
+    return {"rotated_l2_factor": factor, "below_l2_factor": factor < cfg.l2_factor}
+
+
 def run_bench(shapes: Sequence[Shape], policy, cfg: TimingConfig, *, dtype: str = "bf16", arch: str = "sm_90a",
               device="cuda", compile_fn: Optional[Callable] = None, cublas: Kernel = cublas_matmul,
               clock: Optional[Clock] = None, l2_bytes: Optional[int] = None, progress: bool = True,
-              compile_workers: int = 0) -> list[dict]:
+              compile_workers: int = 0, spin: Optional[Callable[[], None]] = None) -> list[dict]:
     """Bench every shape; never raises for one shape's failure (it is recorded instead).
-    compile_workers > 1 prebuilds every kernel in parallel first (default compile path only)."""
+    compile_workers > 1 prebuilds every kernel in parallel first (default compile path only). `spin` brings
+    the GPU's clocks up (default with the real clock: spin_up) before the first shape and after a compile in
+    the loop that took longer than RESPIN_AFTER_COMPILE_S."""
     from tqdm import tqdm
 
     from ..types import as_dtype, torch_dtype
@@ -572,7 +586,9 @@ def run_bench(shapes: Sequence[Shape], policy, cfg: TimingConfig, *, dtype: str 
         compile_fn = partial(compile_gemmc, policy=policy, dtype=dtype, arch=arch)
     if clock is None:
         clock = CudaClock(graphs=not cfg.host_timing)
-        spin_up(device=device)
+        spin = spin or partial(spin_up, device=device)
+    if spin is not None:
+        spin()
     l2 = l2_bytes or l2_bytes_of()
     elem = torch.empty((), dtype=tdtype).element_size()
     results = []
@@ -590,6 +606,8 @@ def run_bench(shapes: Sequence[Shape], policy, cfg: TimingConfig, *, dtype: str 
             t0 = time.perf_counter()
             kernel = compile_fn(shape)
             rec["compile_s"] = time.perf_counter() - t0
+            if spin is not None and rec["compile_s"] > RESPIN_AFTER_COMPILE_S:
+                spin()
             if built.get(shape, {}).get("ok"):
                 rec["compile_s"] = built[shape]["compile_s"]   # the worker's build, not the cache load
             rec["schedule"], rec["schedule_dict"] = describe_schedule(kernel)
@@ -601,6 +619,7 @@ def run_bench(shapes: Sequence[Shape], policy, cfg: TimingConfig, *, dtype: str 
         try:
             n_sets = input_set_count(shape, elem, l2, cfg.l2_factor, cfg.max_sets)
             sets = make_input_sets(shape, tdtype, device, n_sets, cfg.seed)
+            rec.update(rotation_fields(sets, l2, cfg))
             rec.update(bench_shape(shape, kernel, sets, clock, cfg, cublas))
         except Exception as e:
             rec.update(status="run_error", error=f"{type(e).__name__}: {e}")

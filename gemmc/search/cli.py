@@ -511,6 +511,10 @@ def _tune_shapes_checked(args) -> list:
     for flag in ("settle_s", "sustained_s"):
         if getattr(args, flag) < 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 0 (seconds; 0 turns it off)")
+    if args.settle_s > 0 and args.sustained_s > 0:
+        # both act only on long calls, where --sustained-s replaces the shared settle
+        raise UsageError("--settle-s and --sustained-s both given: on the long calls they act on, --sustained-s "
+                         "times each side at its own clock and --settle-s would be skipped; use one")
     if any(s.arch != arch for s in args.also):
         raise UsageError(f"--also schedules are read as sm_90a (swap_ab is SM90-only); they cannot run under "
                          f"--arch {args.arch}: drop --also or tune sm_90a")
