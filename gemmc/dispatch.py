@@ -10,10 +10,15 @@ picks where any lies near, else its tuned entries); a fused epilogue never does 
 would need extra passes to match it). "Measured faster" is the paired verdict: cuBLAS and gemmc timed in
 the same runs (gemmc.search.db); for the DB, the best schedule's speed-up over cuBLAS is the geometric mean
 over its paired rows, or from three such rows on the median row's (one slow cuBLAS run cannot carry it);
-torch.matmul runs exactly when that speed-up is below 1. `resolve_auto` reads the DB and never writes it: it
-is a function of (spec, arch, db contents, shipped tables); `pretuned=False` (or GEMMC_PRETUNED=0) leaves the
-tables out. A DB file that cannot be read (damaged, not gemmc's, a folder) is skipped with a warning, once
-per file, as is a GEMMC_GPU that names no shipped table: `auto` never fails a compile over either.
+torch.matmul runs exactly when that speed-up is below 1. The DB's best passes over a schedule this gemmc
+finds invalid, or one whose figure rests on an older gemmc's rows and which this gemmc failed to build or run
+(the next best of the problem decides; `detail` names what was passed over). `resolve_auto` reads the DB
+and never writes it: it is a function of (spec, arch, GPU, db contents, shipped tables); `pretuned=False`
+(or GEMMC_PRETUNED=0) leaves the tables out. The DB's rows and the tables count only on the GPU they were
+measured on: the GPU the calls will run on (GEMMC_GPU, else the visible one); with neither (an
+ahead-of-time build), any GPU's rows and the arch's table. A DB file that cannot be read (damaged, not
+gemmc's, a folder) is skipped with a warning, once per file, as is a GEMMC_GPU that names no shipped table:
+`auto` never fails a compile over either.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from .pretuned import target_gpu
 from .schedule import Schedule, default_schedule, enumerate_schedules, is_valid
 from .spec import GemmSpec
 from .types import as_arch
@@ -37,7 +43,7 @@ FAR_LOG2 = 3.0       # beyond this log2 distance over (M, N, K) a neighbour is n
 @dataclass(frozen=True)
 class Decision:
     schedule: Schedule
-    source: str               # "db" | "pretuned" | "policy" | "nearest" | "heuristic"
+    source: str               # "db" | "pretuned" | "policy" | "nearest" | "heuristic" | "alignment" (compiler.py)
     use_cublas: bool = False
     detail: str = ""
 
@@ -103,13 +109,16 @@ def _policy(db):
 
 
 def _neighbours(db, spec: GemmSpec, arch: str, gpu_name: Optional[str]):
-    """Tuned problems with the same dtypes/layouts/epilogue, nearest first, by log2 distance."""
+    """Other tuned problems with the same dtypes/layouts/epilogue, nearest first, by log2 distance (the
+    problem itself is the exact step's: its picks that this gemmc cannot run must not come back here)."""
     from .search.db import problem_fields
     want = problem_fields(spec, arch)
     same = ("dtype", "out_dtype", "acc_dtype", "a_layout", "b_layout", "epilogue_class", "arch", "batch")
     out = []
     for e in db.best_all(arch):
         if any(e.fields[f] != want[f] for f in same) or (gpu_name is not None and e.gpu_name != gpu_name):
+            continue
+        if all(e.fields[x] == want[x] for x in ("m", "n", "k")):
             continue
         d = math.sqrt(sum(math.log2(e.fields[x] / want[x]) ** 2 for x in ("m", "n", "k")))
         out.append((d, e))
@@ -133,13 +142,14 @@ def heuristic_schedule(spec: GemmSpec, arch: str) -> Schedule:
     return feasible[0] if feasible else s
 
 
-def _shipped_table(conc: Optional[GemmSpec], arch: str, gpu_name: Optional[str], enabled: bool):
-    """The table shipped for this GPU (gemmc.pretuned), once per resolve; None for a symbolic problem."""
+def _shipped_table(conc: Optional[GemmSpec], arch: str, gpu: Optional[str], named: bool, enabled: bool):
+    """The table shipped for `gpu` (gemmc.pretuned), once per resolve; None for a symbolic problem.
+    `named`: the caller passed the GPU's name (then GEMMC_GPU played no part)."""
     if not enabled or conc is None:
         return None
     from .pretuned import table_for
-    table = table_for(arch, gpu_name)
-    if table is None and gpu_name is None:
+    table = table_for(arch, gpu)
+    if table is None and not named:
         _check_gemmc_gpu()
     return table
 
@@ -154,12 +164,22 @@ def _check_gemmc_gpu() -> None:
     known = sorted({t.gpu for t in load_tables()})
     if name in known:
         return      # a known GPU, with no table for this arch: nothing was misspelled
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+    close = _closest_name(name, known)
+    # a real name of another GPU resembles a known one too ('NVIDIA H100 ...', 'NVIDIA H800'): the message
+    # must not send its user to another GPU's table
     _warn_once(("GEMMC_GPU", name),
-               f"gemmc: GEMMC_GPU={name!r} matches no shipped table, so schedule='auto' goes on without one"
-               + (f" (did you mean {close[0]!r}?)" if close else "")
-               + f"; tables ship for: {', '.join(repr(k) for k in known)}. Name the GPU exactly as "
-                 f"torch.cuda.get_device_name() does, or unset GEMMC_GPU to use the visible GPU's")
+               f"gemmc: GEMMC_GPU={name!r} matches no shipped table, so schedule='auto' goes on without one; "
+               f"tables ship for: {', '.join(repr(k) for k in known)}. If that is a typo"
+               + (f" (did you mean {close!r}?)" if close else "")
+               + ", name the GPU exactly as torch.cuda.get_device_name() does, or unset GEMMC_GPU to use the "
+                 "visible GPU's; if it is another GPU, `auto` uses your tuning DB's rows of it, then the heuristic")
+
+
+def _closest_name(name: str, known: list) -> Optional[str]:
+    """The known GPU name `name` most resembles, ignoring case; None when none is close."""
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.5)
+    return by_lower[close[0]] if close else None
 
 
 def _pretuned_decision(table, spec: GemmSpec) -> Optional[tuple[Decision, bool]]:
@@ -171,37 +191,83 @@ def _pretuned_decision(table, spec: GemmSpec) -> Optional[tuple[Decision, bool]]
     if hit is None or not is_valid(hit[0].schedule, spec):
         return None
     e, exact = hit
-    detail = (f"{e.time_us:.2f} us vs cuBLAS {e.cublas_us:.2f} us (shipped table, {table.gpu})" if exact
-              else f"shipped table, {table.gpu}: measured {e.m}x{e.n}x{e.k}")
+    times = f"{e.time_us:.2f} us vs cuBLAS {e.cublas_us:.2f} us"
+    detail = (f"{times} (shipped table, {table.gpu})" if exact
+              else f"shipped table, {table.gpu}: measured {e.m}x{e.n}x{e.k}, {times}")
+    if spec.has_epilogue:       # the table timed the plain GEMM
+        detail += f"; {_EPILOGUE_KEEPS_THE_KERNEL if e.cublas_faster else 'measured without the epilogue'}"
     return Decision(e.schedule, "pretuned", use_cublas=e.cublas_faster and not spec.has_epilogue,
                     detail=detail), exact
+
+
+_EPILOGUE_KEEPS_THE_KERNEL = ("cuBLAS was faster, but the fused epilogue keeps the kernel (cuBLAS would need extra "
+                              "passes)")
 
 
 def _db_decision(e, plain: bool) -> Decision:
     """The DB's best of this exact problem (a gemmc.search.db.BestEntry); torch.matmul for a plain GEMM
     whose paired speed-up is below 1."""
     slower = e.speedup is not None and e.speedup < 1.0
-    where = f"{e.n_measured} measured, {e.gpu_name}"
+    where = f"{e.n_measured} measured, {e.gpu_name}" + _stale_note(e)
     if e.speedup is None:
         return Decision(e.schedule, "db", detail=f"{e.time_us:.2f} us, no paired cuBLAS time ({where})")
     return Decision(e.schedule, "db", use_cublas=slower and plain,
                     detail=f"paired {e.speedup:.3f}x: {e.time_us:.2f} us vs cuBLAS {e.cublas_us:.2f} us, "
                            f"{'median' if e.n_rows >= 3 else 'geomean'} of {e.n_rows} row{'s' if e.n_rows > 1 else ''} "
-                           f"({where})")
+                           f"({where})" + (f"; {_EPILOGUE_KEEPS_THE_KERNEL}" if slower and not plain else ""))
+
+
+def _stale_note(e) -> str:
+    """Says so when the pick rests on an older gemmc's rows, whose kernels may have run at another speed."""
+    if not e.stale:
+        return ""
+    from . import __version__
+    return (f"; rows of gemmc {e.version}, older than this {__version__}: `gemmc-search tune --budget 1` "
+            f"re-measures them")
 
 
 def _heuristic_decision(conc: Optional[GemmSpec], spec: GemmSpec, arch: str, table) -> Decision:
     """The heuristic's schedule; for a plain GEMM on a GPU with a shipped table, torch.matmul when cuBLAS
-    won at any of the nearest measured shapes (gemmc.pretuned.PretunedTable.predicted_cublas_faster)."""
+    won at any of the nearest measured shapes (gemmc.pretuned.PretunedTable.predicted_cublas_faster).
+    The detail says which measurements were read, or why none applied."""
     schedule = heuristic_schedule(conc or spec, arch)
-    cublas_faster, read = (None, None) if table is None or conc.has_epilogue else table.cublas_verdict(conc)
-    if not cublas_faster:
-        return Decision(schedule, "heuristic")
-    from .pretuned import VERDICT_NEIGHBOURS
+    why_none = _why_no_verdict(conc, spec, table)
+    if why_none is not None:
+        return Decision(schedule, "heuristic", detail=why_none)
+    from .pretuned import VERDICT_MAX_LOG2, VERDICT_NEIGHBOURS
+    cublas_faster, read = table.cublas_verdict(conc)
+    if cublas_faster is None:
+        return Decision(schedule, "heuristic", detail=f"no shape measured on {table.gpu} within "
+                                                      f"{2 ** VERDICT_MAX_LOG2:g}x")
     what = {"checks": "the heuristic's picks", "entries": "tuned schedules"}[read]
-    return Decision(schedule, "heuristic", use_cublas=True,
-                    detail=f"cuBLAS won at one or more of the {VERDICT_NEIGHBOURS} nearest shapes measured on {table.gpu} "
-                           f"({what})")
+    won = (f"cuBLAS won at one or more of the {VERDICT_NEIGHBOURS} nearest shapes measured" if cublas_faster
+           else f"gemmc won at each of the nearest shapes measured (up to {VERDICT_NEIGHBOURS}, within "
+                f"{2 ** VERDICT_MAX_LOG2:g}x)")
+    return Decision(schedule, "heuristic", use_cublas=cublas_faster, detail=f"{won} on {table.gpu} ({what})")
+
+
+def _why_no_verdict(conc: Optional[GemmSpec], spec: GemmSpec, table) -> Optional[str]:
+    """Why the shipped table cannot give this problem a cuBLAS verdict; None when it can."""
+    if conc is None:
+        return _symbolic_note(spec)
+    if table is None:
+        return ("no tuning of this problem, and no shipped table in use (none for this GPU and arch, or "
+                "GEMMC_PRETUNED=0)")
+    if not table.covers(conc):
+        return (f"no tuning of this problem; the shipped table of the {table.gpu} holds plain bf16 A [M, K] @ "
+                f"B [N, K].T, unbatched, only")
+    if conc.has_epilogue:
+        return "no tuning of this problem or shape; a fused epilogue keeps the kernel"
+    return None
+
+
+def _symbolic_note(spec: GemmSpec) -> str:
+    dims = [name for name, d in (("M", spec.m), ("N", spec.n), ("K", spec.k), ("batch", spec.batch))
+            if d is not None and not isinstance(d, int)]
+    note = f"symbolic {' and '.join(dims)}: no measurement applies"
+    if dims == ["M"]:
+        note += " (a symbolic-M `auto` compile decides per runtime M: see k.for_m(M))"
+    return note
 
 
 def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, db=None,
@@ -209,29 +275,40 @@ def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, 
     """The schedule for `spec` (M may be symbolic: pass the runtime `m`); see the module docstring.
 
     `db`: a TuningDB, a path, or None for the default location (a missing file means no tuning; one that
-    cannot be read is skipped with a warning)."""
+    cannot be read is skipped with a warning). `gpu_name`: the GPU the calls will run on (default
+    GEMMC_GPU, else the visible GPU's); the DB's rows of other GPUs are left out, as the shipped tables
+    of other GPUs are: a schedule and a cuBLAS verdict measured on one GPU do not carry to another. With
+    no GPU named or visible (an ahead-of-time build), any GPU's rows count."""
     arch = as_arch(arch)
     conc = _concrete(spec, m)
     tdb, owned = _open_db(db) if conc is not None else (None, False)
+    gpu = target_gpu(gpu_name) if conc is not None else gpu_name
     try:
-        return _resolve(spec, conc, arch, tdb, gpu_name, pretuned)
+        return _resolve(spec, conc, arch, tdb, gpu, gpu_name is not None, pretuned)
     except sqlite3.DatabaseError as e:      # damaged past the pages the open read, or locked for a minute
         _skip_db(tdb.path, f"reading {tdb.path} failed ({e}); check it with `sqlite3 FILE 'PRAGMA "
                            f"integrity_check'`, or point GEMMC_TUNING_DB at another")
-        return _resolve(spec, conc, arch, None, gpu_name, pretuned)
+        return _resolve(spec, conc, arch, None, gpu, gpu_name is not None, pretuned)
     finally:
         if owned and tdb is not None:
             tdb.close()
 
 
-def _resolve(spec: GemmSpec, conc: Optional[GemmSpec], arch: str, tdb, gpu_name: Optional[str],
+def _resolve(spec: GemmSpec, conc: Optional[GemmSpec], arch: str, tdb, gpu_name: Optional[str], named: bool,
              pretuned: bool) -> Decision:
-    table = _shipped_table(conc, arch, gpu_name, pretuned)
+    exact, passed_over = _db_exact(tdb, conc, arch, gpu_name) if tdb is not None else (None, [])
+    d = _decide(spec, conc, arch, tdb, exact, _shipped_table(conc, arch, gpu_name, named, pretuned), gpu_name)
+    if passed_over:     # the DB's own picks that this gemmc cannot run: say why they did not decide
+        d = replace(d, detail="; ".join(x for x in (d.detail, "passed over the DB's " + ", ".join(passed_over)) if x))
+    return d
+
+
+def _decide(spec: GemmSpec, conc: Optional[GemmSpec], arch: str, tdb, exact, table,
+            gpu_name: Optional[str]) -> Decision:
+    """The documented order (module docstring), given the DB's usable exact entry and the shipped table."""
+    if exact is not None:
+        return _db_decision(exact, plain=not conc.has_epilogue)
     shipped = _pretuned_decision(table, conc)
-    if tdb is not None:
-        exact = tdb.best(conc, arch, gpu_name)
-        if exact is not None and is_valid(exact.schedule, conc):
-            return _db_decision(exact, plain=not conc.has_epilogue)
     if shipped is not None and shipped[1]:
         return shipped[0]
     if tdb is not None:
@@ -253,3 +330,33 @@ def _resolve(spec: GemmSpec, conc: Optional[GemmSpec], arch: str, tdb, gpu_name:
     if shipped is not None:
         return shipped[0]
     return _heuristic_decision(conc, spec, arch, table)
+
+
+def _db_exact(tdb, conc: GemmSpec, arch: str, gpu_name: Optional[str]):
+    """(entry, passed over): the DB's best for this exact problem (a gemmc.search.db.BestEntry) among the
+    schedules this gemmc can run, or None; and why any better-ranked ones were passed over. A schedule is
+    passed over when this gemmc finds it invalid, or when its figure rests on an older gemmc's rows and this
+    gemmc failed to build or run it: those rows no longer describe a kernel that runs."""
+    best = tdb.best(conc, arch, gpu_name)
+    if best is None or _unusable(tdb, conc, arch, best) is None:
+        return best, []
+    passed = []
+    for f in tdb.ranked_schedules(conc, arch, best.gpu_name):
+        why = _unusable(tdb, conc, arch, replace(best, schedule=f.schedule, version=f.version))
+        if why is None:
+            return replace(best, schedule=f.schedule, time_us=f.time_us, cublas_us=f.cublas_us, n_rows=f.n_rows,
+                           version=f.version, own_clock=f.own_clock), passed
+        passed.append(f"{f.schedule.short()} ({why})")
+    return None, passed
+
+
+def _unusable(tdb, conc: GemmSpec, arch: str, e) -> Optional[str]:
+    """Why this gemmc cannot run the DB's pick `e` for `conc`; None when it can."""
+    if not is_valid(e.schedule, conc):
+        return "not valid for this problem under this gemmc"
+    if not e.stale:
+        return None
+    from . import __version__
+    # a stale figure has no successful row of the running version: any such row is a failure
+    failed = [m for m in tdb.prior(conc, arch, e.gpu_name, version=__version__) if m.schedule == e.schedule]
+    return f"gemmc {__version__} failed it: {failed[0].error}" if failed else None

@@ -171,15 +171,20 @@ def _visible_gpu() -> Optional[str]:
         return None
 
 
+def target_gpu(gpu_name: Optional[str] = None) -> Optional[str]:
+    """The GPU `auto` decides for: `gpu_name`, else GEMMC_GPU, else the visible GPU's name; None for an
+    ahead-of-time build on a machine with no GPU that names none. GEMMC_GPU names the GPU an ahead-of-time
+    build is for, so `auto` picks there what it will pick on that GPU (the cache then hits)."""
+    return gpu_name or os.environ.get("GEMMC_GPU") or _visible_gpu()
+
+
 def table_for(arch: str, gpu_name: Optional[str] = None) -> Optional[PretunedTable]:
-    """The table for this GPU: by name (`gpu_name`, else GEMMC_GPU, else the visible GPU's); with no name
-    (an ahead-of-time build on a machine with no GPU), the table of the arch. GEMMC_GPU names the GPU an
-    ahead-of-time build is for, so `auto` picks there what it will pick on that GPU (the cache then hits).
-    GEMMC_PRETUNED=0 turns the tables off."""
+    """The table for this GPU: by name (`target_gpu(gpu_name)`); with no name (an ahead-of-time build on a
+    machine with no GPU), the table of the arch. GEMMC_PRETUNED=0 turns the tables off."""
     if os.environ.get("GEMMC_PRETUNED", "1") == "0":
         return None
     arch = as_arch(arch)
-    name = gpu_name or os.environ.get("GEMMC_GPU") or _visible_gpu()
+    name = target_gpu(gpu_name)
     for t in load_tables():
         if t.arch == arch and (name is None or name == t.gpu):
             return t

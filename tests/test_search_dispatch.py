@@ -28,6 +28,14 @@ def no_shipped_tables():
         yield
 
 
+@pytest.fixture(autouse=True)
+def no_gpu_named(monkeypatch):
+    """No GPU named or visible (the rows here are measured on "H200"): `auto` reads any GPU's rows, on any
+    host (a visible GPU would take only its own rows: tests/test_dispatch_audit.py)."""
+    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    monkeypatch.delenv("GEMMC_GPU", raising=False)
+
+
 @pytest.fixture
 def db(tmp_path):
     return TuningDB(tmp_path / "t.sqlite")
