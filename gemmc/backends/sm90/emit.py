@@ -636,7 +636,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup
             num_n = cute.size(out_mnl, mode=[1])
             num_l = cute.size(out_mnl, mode=[2])
             k_tile_total = cute.size(gA, mode=[3])
-            k_per_split = (k_tile_total + SPLIT_K - 1) // SPLIT_K$cluster_counts$stream_setup
+            k_per_split = (k_tile_total + SPLIT_K - 1) // SPLIT_K$cluster_counts$sched_setup
 
             # TMA partitions; a multicast load writes this CTA's slice into every CTA of the group
             tAsA, tAgA = cpasync.tma_partition(
@@ -742,7 +742,7 @@ def _kernel_source(plan: KernelPlan, ops, inputs, pingpong: bool, sk: int, fixup
             clusters_m = (num_m + TILE_MNK[0] * CLUSTER_MN[0] - 1) // (TILE_MNK[0] * CLUSTER_MN[0])
             clusters_n = (num_n + TILE_MNK[1] * CLUSTER_MN[1] - 1) // (TILE_MNK[1] * CLUSTER_MN[1])
         ''').splitlines(), 4) if plan.scheduler.swizzle > 1 else "",
-        stream_setup="\n" + _indent((_STREAM_K_SETUP if stream else _STATIC_SETUP).splitlines(), 4),
+        sched_setup="\n" + _indent((_STREAM_K_SETUP if stream else _STATIC_SETUP).splitlines(), 4),
         first_work=_indent((["sk_v = 0", "if sk_v < sk_len:"] if stream else [
             "if first_unit < work_units:",
             "    tile_m, tile_n, tile_l_raw = work_tile(first_unit, fast_clusters, slow_clusters)"]), 12),
