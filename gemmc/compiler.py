@@ -210,6 +210,17 @@ class CompiledGemm:
         return self.m_buckets.route(m)
 
 
+def _layout_matmul(spec: GemmSpec):
+    """`matmul(a, b, out)`: torch.matmul into `out` of operands in the spec's storage layouts (an A stored
+    [K, M] or a B stored [N, K] is transposed first); the function of both torch.matmul routes."""
+    import torch
+    a_km, b_nk = spec.a_layout == "km", spec.b_layout == "nk"
+
+    def matmul(a, b, out):
+        torch.matmul(a.mT if a_km else a, b.mT if b_nk else b, out=out)
+    return matmul
+
+
 class CublasRoute:
     """torch.matmul for a plain GEMM (no epilogue) where `auto` chose cuBLAS (gemmc/dispatch.py), behind the
     kernel's own argument checks: `params` are the kernel's (its EmittedKernel's) and runtime.python_prologue
@@ -230,12 +241,13 @@ class CublasRoute:
         if roles != ["a", "b", "out"]:
             raise SpecError(f"{spec.name}: the cuBLAS route takes the params a, b, out in that order, got {roles}")
         self._check = check = python_prologue(tensors, device_type)
-        self._a_km, self._b_nk = a_km, b_nk = spec.a_layout == "km", spec.b_layout == "nk"
+        self._a_km, self._b_nk = spec.a_layout == "km", spec.b_layout == "nk"
         self._torch_matmul = torch.matmul
+        unchecked = _layout_matmul(spec)
 
         def matmul(a, b, out):      # the launcher's function (kernel order), for launcher(...) calls
             check(a, b, out)
-            torch.matmul(a.mT if a_km else a, b.mT if b_nk else b, out=out)
+            unchecked(a, b, out)
 
         # binds the caller's arguments and, when the checks fail, says what is wrong (the validator)
         self.launcher = Launcher(tensors, function=matmul, name=name, device_type=device_type,
@@ -265,7 +277,6 @@ class CublasOnlyGemm:
     no IR, plan or kernel to show; `k.decision` says why."""
 
     def __init__(self, spec: GemmSpec, arch: str, why: str, *, signature=None, device_type: str = "cuda"):
-        import torch
         from .backends import Param
         from .dispatch import Decision
         from .runtime import Launcher
@@ -279,10 +290,7 @@ class CublasOnlyGemm:
                   Param("b", "tensor", spec.dtype, lead + ((spec.n, spec.k) if b_nk else (spec.k, spec.n)), role="b"),
                   Param("out", "tensor", spec.out_dtype, lead + (spec.m, spec.n), role="out"))
 
-        def matmul(a, b, out):
-            torch.matmul(a.mT if a_km else a, b.mT if b_nk else b, out=out)
-
-        self.launcher = Launcher(params, function=matmul, name=spec.name, device_type=device_type,
+        self.launcher = Launcher(params, function=_layout_matmul(spec), name=spec.name, device_type=device_type,
                                  signature=signature, always_validate=True, strided=True,
                                  zero_k=lambda a, b, inputs, out: out.zero_())
 

@@ -156,16 +156,14 @@ def run_work_tile(source: str, cluster: tuple[int, int], units: int, grid_cluste
     persistent grid of `grid_clusters` clusters, with the host's cluster counts as the divisors."""
     cta = [0, 0, 0]
     arch = types.SimpleNamespace(block_idx=lambda: tuple(cta), make_warp_uniform=lambda v: v)
-    tree = ast.parse(source)
-    defs = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "work_tile"]
-    scope = {"cute": types.SimpleNamespace(jit=lambda f: f, arch=arch), "CLUSTER_MN": cluster}
-    exec(compile(ast.Module(body=defs, type_ignores=[]), "<emitted>", "exec"), scope)
+    work_tile = emitted_functions(source, ("work_tile",), cute=types.SimpleNamespace(jit=lambda f: f, arch=arch),
+                                  CLUSTER_MN=cluster).work_tile
     walks = {}
     for z in range(grid_clusters):
         for i in range(cluster[0]):
             for j in range(cluster[1]):
                 cta[:] = [i, j, z]
-                walks[(i, j, z)] = [scope["work_tile"](u, fast, slow) for u in range(z, units, grid_clusters)]
+                walks[(i, j, z)] = [work_tile(u, fast, slow) for u in range(z, units, grid_clusters)]
     return walks
 
 

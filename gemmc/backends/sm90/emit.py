@@ -268,8 +268,8 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                 return k_tile_total
         ''')
 
+    fast, slow = _unit_extents(plan)
     if not stream:
-        fast = _fast_extent(plan)
         facts += "\n\n\n" + _block('''
             @cute.jit
             def work_tile(unit, fast_clusters, slow_clusters):
@@ -282,7 +282,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                 return (cute.arch.make_warp_uniform(cl_m * CLUSTER_MN[0] + cta_m),
                         cute.arch.make_warp_uniform(cl_n * CLUSTER_MN[1] + cta_n),
                         cute.arch.make_warp_uniform(l_raw))
-        ''', order=_unit_order(plan), fast=fast, slow="n" if fast == "m" else "m")
+        ''', order=_unit_order(plan), fast=fast, slow=slow)
 
     if _reorders(plan):
         facts += "\n\n" + grouped_raster_source("RASTER_ALONG_M", "SWIZZLE") + "\n\n" + _block('''
@@ -433,7 +433,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
             fast_clusters = cute.fast_divmod_create_divisor_v2(clusters_$fast)
             slow_clusters = cute.fast_divmod_create_divisor_v2(clusters_$slow)
             grid = (*CLUSTER_MN, cutlass.min(work_units, MAX_ACTIVE_CLUSTERS))''',
-            sched_order=_unit_order(plan), fast=_fast_extent(plan), slow="n" if _fast_extent(plan) == "m" else "m",
+            sched_order=_unit_order(plan), fast=fast, slow=slow,
             tiles_mnl=_TILES_MNL)).splitlines(), 4),
         sched_arg="" if stream else "cutlass.Int32(work_units), fast_clusters, slow_clusters,")
 
@@ -457,10 +457,10 @@ def _reorders(plan: KernelPlan) -> bool:
     return plan.scheduler.swizzle > 1 or (plan.scheduler.split_k_mode == "stream" and plan.scheduler.raster != "m")
 
 
-def _fast_extent(plan: KernelPlan) -> str:
-    """The cluster extent ("m" or "n") that varies fastest over the work units: the raster's, or M under a
-    swizzle, whose order swizzled_tile applies afterwards."""
-    return "m" if plan.scheduler.swizzle > 1 or plan.scheduler.raster == "m" else "n"
+def _unit_extents(plan: KernelPlan) -> tuple[str, str]:
+    """The cluster extents ("m", "n") of the work units, fastest first: the raster's varies fastest, or M
+    under a swizzle, whose order swizzled_tile applies afterwards."""
+    return ("m", "n") if plan.scheduler.swizzle > 1 or plan.scheduler.raster == "m" else ("n", "m")
 
 
 def _unit_order(plan: KernelPlan) -> str:
@@ -786,7 +786,7 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
                 mma_next.arrive()
                 epi_next.arrive()
                 # work unit 0 belongs to warpgroup 0: skip its stages
-                $skip_first
+                $skip_stages
                 unit += grid_clusters
         $loop_init
         num_tiles_done = 0
@@ -823,7 +823,7 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
                 mma_next.arrive()
                 # skip the stages of the other warpgroup's next tile
                 unit += grid_clusters
-                $skip_other
+                $skip_stages
 
             $fixup$epi_math
 
@@ -854,7 +854,7 @@ def _consumer_source(plan: KernelPlan, epi_math: str, split_decode: str, pingpon
                       if staged else ""),
         store=_indent_tail(_last_split_only(Template(_STORE_DIRECT if plan.swap_ab else _STORE_TMA).substitute(
             staged_loop=_indent(staged_loop.splitlines(), 4)).strip("\n"), sums_partials, ("num_tiles_done += 1",)), 4),
-        skip_first=_indent_tail(_SKIP_STAGES, 8), skip_other=_indent_tail(_SKIP_STAGES, 8))
+        skip_stages=_indent_tail(_SKIP_STAGES, 8))
     return _indent(body.splitlines(), 8)
 
 
