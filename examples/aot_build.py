@@ -4,14 +4,14 @@ machine with no GPU, then serve calls from that folder on a GPU host without com
     CUTE_DSL_ARCH=sm_90a python examples/aot_build.py [--cache-dir DIR] [--n 4096 --k 4096]
 
 With schedule="auto" and a symbolic M, gemmc decides per runtime M bucket (M rounded up to a power of
-two); k.build() builds the kernel of every bucket that runs one (buckets where cuBLAS was measured faster
-run torch.matmul and need nothing). With no GPU visible, `auto` picks for the arch's shipped table
+two); k.build() builds the kernel of every bucket that runs one into gemmc.compile(..., cache_dir=DIR)
+(buckets where cuBLAS was measured faster run torch.matmul and need nothing; k.artifacts maps each
+bucket to its cache entry). With no GPU visible, `auto` picks for the arch's shipped table
 (the H200's for sm_90a; set GEMMC_GPU to pick for another GPU). It prints the per-M table and the
 cache entries. With a GPU it then runs a few M values from that cache and checks them against torch.
 This is what `gemmc build --m M --n N --k K --cache-dir DIR` does from the command line.
 """
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -32,41 +32,40 @@ def main() -> int:
     args = ap.parse_args()
 
     cache = Path(args.cache_dir or tempfile.mkdtemp(prefix="gemmc-aot-")).expanduser().resolve()
-    # gemmc reads the cache root (and, unless GEMMC_TUNING_DB is set, the tuning DB in it) from the
-    # environment when it builds, so set it before compiling
-    os.environ["GEMMC_CACHE_DIR"] = str(cache)
     import gemmc
+    from gemmc.m_buckets import M_BUCKETS, range_label
 
     spec = gemmc.GemmSpec(m="M", n=args.n, k=args.k, dtype="bf16", name="aot_gemm")
-    k = gemmc.compile(spec, schedule="auto", arch=args.arch)
+    # every kernel of this compile goes into `cache` (GEMMC_CACHE_DIR is left alone), and `auto` reads the
+    # tuning DB there (cache/tuning.sqlite) unless GEMMC_TUNING_DB is set
+    k = gemmc.compile(spec, schedule="auto", arch=args.arch, cache_dir=cache)
     t0 = time.perf_counter()
     k.build()           # the default kernel and every M bucket's
+    entries = k.artifacts           # {M range: its cache entry, or None for torch.matmul}: built above
     print(f"# built {spec.name} (M x {args.n} x {args.k}, bf16, {args.arch}) in {time.perf_counter() - t0:.1f} s")
 
     # what a call with M rows runs: one row per run of buckets with the same route
     print("# auto per runtime M:")
-    rows, low = [], 1
-    for bucket in (2 ** i for i in range(17)):     # auto's M buckets: 1, 2, 4, .. 65536
-        decision, kernel = k.for_m(bucket)
-        route = ("torch.matmul (cuBLAS faster here: nothing to build)" if kernel is None
-                 else f"{decision.schedule.short()}  key {kernel.artifact.key[:12]}") + f"  [{decision.source}]"
+    rows = []
+    for (lo, hi), (label, decision, what) in zip(M_BUCKETS, k.m_buckets.describe()):
+        art = entries[label]
+        route = ("torch.matmul (cuBLAS faster here: nothing to build)" if art is None
+                 else f"{what}  key {art.key[:12]}") + f"  [{decision.source}]"
         if rows and rows[-1][2] == route:
-            rows[-1][1] = bucket
+            rows[-1][1] = hi
         else:
-            rows.append([low, bucket, route])
-        low = bucket + 1
-    rows[-1][1] = None                  # the last bucket takes every larger M
+            rows.append([lo, hi, route])
     for lo, hi, route in rows:
-        span = f"{lo}.." if hi is None else f"{lo}..{hi}"
-        print(f"#   M {span:<12} {route}")
+        print(f"#   M {range_label(lo, hi):<12} {route}")
 
     files = kernel_files(cache)
     print(f"\n# {len(files)} kernel(s) in {cache}:")
     for so in files:
         print(f"#   {so.relative_to(cache)}  ({so.stat().st_size // 1024} KiB)")
     print(f"\n# to deploy: copy {cache} to the GPU host (e.g. rsync -a {cache}/ gpu-host:/opt/gemmc-cache/),\n"
-          "#   export GEMMC_CACHE_DIR=/opt/gemmc-cache there, and gemmc.compile() the same spec with\n"
-          "#   schedule='auto': each call loads its bucket's kernel.so from the cache, compiling nothing.")
+          "#   export GEMMC_CACHE_DIR=/opt/gemmc-cache there (or pass cache_dir='/opt/gemmc-cache'), and\n"
+          "#   gemmc.compile() the same spec with schedule='auto': each call loads its bucket's kernel.so from\n"
+          "#   the cache, compiling nothing.")
 
     import torch
     if not torch.cuda.is_available():

@@ -8,7 +8,7 @@ at a time and "measures" each by looking its record up, so one can see on the CP
 to the exhaustive best (the fastest recorded valid schedule) within a budget of measurements. rl is
 scored only on shapes it was not trained on; bayes starts from the heuristic's ranking, whose constants
 may have been fitted to this same data (--no-heuristic starts it from a random design instead).
-This is `gemmc-search simulate` through its Python API (gemmc.search.simulate), on a seeded sample of
+This is `gemmc-search simulate` through its Python API (gemmc.search), on a seeded sample of
 the shapes so it takes well under a minute. At the end it prints the `gemmc-search tune` command that
 runs the real search on a GPU; it never runs it.
 """
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from gemmc.search.simulate import group_problems, load_records, simulate
+from gemmc.search import group_problems, load_records, simulate_strategies
 
 DATA = Path(__file__).resolve().parent.parent / "bench" / "data"
 
@@ -46,8 +46,8 @@ def main() -> int:
           + ", ".join(f"{p.spec.m}x{p.spec.n}x{p.spec.k}" for p in problems))
 
     t0 = time.perf_counter()
-    result = simulate(problems, strategies, budgets, args.seeds, rl_epochs=args.rl_epochs,
-                      heuristic=not args.no_heuristic)
+    result = simulate_strategies(problems, strategies, budgets, args.seeds, rl_epochs=args.rl_epochs,
+                                 heuristic=not args.no_heuristic)
     print(f"# simulated in {time.perf_counter() - t0:.1f} s; fraction of the exhaustive best reached "
           "(median over shapes; 1.0 = found the best), budget 1 = the first pick")
     columns = sorted(result[strategies[0]], key=int)

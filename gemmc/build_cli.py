@@ -8,17 +8,18 @@ compiled for where GEMMC_SM80_COMPILE_ARCH makes that another) and the directory
 kernel.ptx / kernel.py; under `auto` with a symbolic M, one more line per M bucket; then the cache root.
 They go to stderr when `--ptx -` writes the PTX to stdout, so stdout is the PTX alone. `--ptx` writes the
 PTX of the first line's kernel; a problem no kernel takes (auto runs torch.matmul) has none, and is then
-an error. Copy the root to a GPU host (GEMMC_CACHE_DIR) and `gemmc.compile(...)` with the same problem and
-schedule loads the .so from it without compiling. `auto` reads the tuning DB of the cache it builds into
-(`<cache-dir>/tuning.sqlite`, unless GEMMC_TUNING_DB is set), as the GPU host reading that cache will.
+an error. Copy the root to a GPU host and `gemmc.compile(...)` with the same problem and schedule, and that
+cache as GEMMC_CACHE_DIR or `cache_dir=`, loads the .so from it without compiling. `auto` reads the tuning
+DB of the cache it builds into (`<cache-dir>/tuning.sqlite`, unless GEMMC_TUNING_DB is set), as the GPU
+host reading that cache will.
 """
 from __future__ import annotations
 
-import os
 import sys
 
-from .cli import add_problem_and_schedule_args, schedule_from_args
-from .errors import GemmcError
+from .cli import SCHEDULE_FLAGS, add_problem_and_schedule_args, schedule_from_args
+from .errors import GemmcError, ScheduleError
+from .output_file import check_output_file, make_parent
 
 
 def register(sub) -> None:
@@ -33,18 +34,6 @@ def register(sub) -> None:
     p.set_defaults(func=run_build)
 
 
-def _check_ptx_destination(path: str) -> None:
-    """Refuse a --ptx FILE that cannot be written before the build, not after it."""
-    dest = os.path.abspath(os.path.expanduser(path))
-    folder = os.path.dirname(dest)
-    if os.path.isdir(dest):
-        raise GemmcError(f"--ptx {path}: is a folder; name the file to write, e.g. {os.path.join(path, 'kernel.ptx')}")
-    if not os.path.isdir(folder):
-        raise GemmcError(f"--ptx {path}: the folder {folder} does not exist; create it or write the PTX elsewhere")
-    if not os.access(dest if os.path.exists(dest) else folder, os.W_OK):
-        raise GemmcError(f"--ptx {path}: not writable here; write the PTX elsewhere, or '-' for stdout")
-
-
 def _arch_text(k) -> str:
     """The arch, and the one the kernel was compiled for where they differ (sm_80 built for Hopper)."""
     compiled_for = k.kernel.emitted.compile_arch or k.arch
@@ -52,20 +41,25 @@ def _arch_text(k) -> str:
 
 
 def run_build(args) -> int:
-    if args.ptx and args.ptx != "-":
-        _check_ptx_destination(args.ptx)
+    ptx_dest = None
+    if args.ptx and args.ptx != "-":    # refused before the build, not after it
+        ptx_dest = check_output_file(args.ptx, f"--ptx {args.ptx}", "kernel.ptx")
     # with the PTX on stdout, the status lines go to stderr: `gemmc build ... --ptx - > k.ptx` is PTX alone
     status = sys.stderr if args.ptx == "-" else sys.stdout
-    if args.cache_dir:
-        os.environ["GEMMC_CACHE_DIR"] = os.path.abspath(os.path.expanduser(args.cache_dir))
-    from .cache import default_cache
-    from .compiler import compile
+    from .compiler import as_cache_dir, choose_schedule, compile
     from .spec import GemmSpec
 
+    # every kernel (each M bucket's too) goes into --cache-dir, and `auto` reads the tuning DB there
+    cache_dir = as_cache_dir(args.cache_dir, flag="--cache-dir") if args.cache_dir else None
     spec = GemmSpec(m=args.m, n=args.n, k=args.k, batch=args.batch, dtype=args.dtype, out_dtype=args.out_dtype,
                     acc_dtype=args.acc_dtype, a_layout=args.a_layout, b_layout=args.b_layout, name=args.name)
+    if cache_dir is not None and args.schedule == "auto" and any(getattr(args, f) is not None for f in SCHEDULE_FLAGS):
+        try:        # the flags edit auto's pick from that cache's tuning DB, not the default one's
+            args.schedule = choose_schedule(spec, "auto", args.arch, cache_dir=cache_dir)
+        except ScheduleError:
+            pass    # schedule_from_args edits the default schedule instead, as without --cache-dir
     schedule, _ = schedule_from_args(args, spec)      # flags edit the --schedule pick, as in `gemmc compile`
-    k = compile(spec, schedule=schedule, arch=args.arch)
+    k = compile(spec, schedule=schedule, arch=args.arch, cache_dir=cache_dir)
     if k.schedule is None:          # auto on a problem no kernel takes (compiler.CublasOnlyGemm)
         if args.ptx:                # asked for a file that will not exist: a script must not read on
             raise GemmcError(f"--ptx {args.ptx}: there is no kernel, so no PTX: {k.decision.detail}. Drop --ptx "
@@ -87,10 +81,11 @@ def run_build(args) -> int:
     elif args.ptx:
         ptx = k.ptx         # an entry served without its kernel.ptx raises here, saying how to restore it
         try:
-            with open(os.path.expanduser(args.ptx), "w") as f:
+            make_parent(ptx_dest, f"--ptx {args.ptx}")
+            with open(ptx_dest, "w") as f:
                 f.write(ptx)
         except OSError as e:      # checked before the build, but the disk can still fill up
             raise GemmcError(f"--ptx {args.ptx}: cannot write it: {e.strerror or e}; the kernel itself is in "
                              f"{art.directory}") from None
-    print(f"cache: {default_cache().root}", file=status)
+    print(f"cache: {k.kernel.cache.root}", file=status)
     return 0

@@ -6,13 +6,17 @@
     k.plan                          # the KernelPlan the backend emits from
     k.source                        # CuTe DSL source (built lazily; needs the backend)
     k(a, b, ...)                    # builds/loads the .so and runs it (needs a GPU)
+    gemmc.compile(spec, cache_dir="/opt/gemmc-cache").build()   # ahead of time, into a chosen cache
 
 The schedule is checked (gemmc.schedule.check_schedule) before anything else runs.
 """
 from __future__ import annotations
 
 import functools
+import os
+import threading
 import warnings
+from pathlib import Path
 from typing import Optional, Union
 
 from .errors import LaunchError, PerformanceWarning, SpecError
@@ -20,7 +24,7 @@ from .ir import make_context, print_module
 from .ir.build import spec_to_module
 from .ir.extract import plan_from_module
 from .ir.plan import KernelPlan
-from .m_buckets import MBuckets, runtime_m
+from .m_buckets import BUCKETS, M_BUCKETS, MBuckets, range_label, runtime_m
 from .passes import PIPELINE, pass_pipeline
 from .schedule import Schedule, alignment_violations, require_valid
 from .spec import GemmSpec
@@ -39,8 +43,10 @@ def as_spec(spec_or_kernel) -> GemmSpec:
     return spec
 
 
-def choose_schedule(spec: GemmSpec, schedule: Union[str, Schedule, dict], arch: Optional[str]) -> Schedule:
-    """Resolve `schedule=` to a concrete Schedule for `arch` (not yet checked for validity)."""
+def choose_schedule(spec: GemmSpec, schedule: Union[str, Schedule, dict], arch: Optional[str],
+                    cache_dir: Optional[os.PathLike] = None) -> Schedule:
+    """Resolve `schedule=` to a concrete Schedule for `arch` (not yet checked for validity). `cache_dir`:
+    the cache whose tuning DB "auto" reads (see `compile`)."""
     if isinstance(schedule, dict):
         schedule = Schedule.from_dict(schedule)
     if isinstance(schedule, Schedule):
@@ -50,17 +56,61 @@ def choose_schedule(spec: GemmSpec, schedule: Union[str, Schedule, dict], arch: 
         raise SpecError(f"schedule={schedule!r}; use 'auto', 'heuristic' or a gemmc.Schedule(...)")
     arch = as_arch(arch or "sm_90a")
     if schedule == "auto":
-        return auto_decision(spec, arch).schedule
+        root = as_cache_dir(cache_dir) if cache_dir is not None else None
+        return auto_decision(spec, arch, db=_tuning_db(root)).schedule
     from .heuristic import choose_schedule as heuristic_choice
     return heuristic_choice(spec, arch)
 
 
-def auto_decision(spec: GemmSpec, arch: str):
+def auto_decision(spec: GemmSpec, arch: str, db=None):
     """schedule="auto": the tuning DB's exact match, the shipped table's, a tuned neighbour or the policy,
     the shipped table's neighbour, else the heuristic (gemmc/dispatch.py). The Decision says whether
-    cuBLAS should run the call instead."""
+    cuBLAS should run the call instead. `db`: the tuning DB's path (None: GEMMC_TUNING_DB, else the one in
+    GEMMC_CACHE_DIR)."""
     from .dispatch import resolve_auto
-    return resolve_auto(spec, as_arch(arch))
+    return resolve_auto(spec, as_arch(arch), db=db)
+
+
+def as_cache_dir(cache_dir, flag: str = "") -> Path:
+    """`compile(cache_dir=...)` (or the CLI's `flag`, e.g. "--cache-dir") as an absolute path, `~` expanded;
+    a file in its place is refused before anything compiles. A folder that cannot be made or written is
+    the cache's BuildError, on the first build."""
+    try:
+        path = os.fspath(cache_dir)
+    except TypeError:
+        path = cache_dir
+    said, left_out = (f"{flag} {path}", flag) if flag else (f"cache_dir={path!r}", "cache_dir")
+    if not isinstance(path, str) or not path:
+        raise SpecError(f"{said}: not a folder's path (a str or os.PathLike); pass one, or leave {left_out} out "
+                        "to use GEMMC_CACHE_DIR (default ~/.cache/gemmc)")
+    root = Path(os.path.abspath(os.path.expanduser(path)))
+    if root.exists() and not root.is_dir():
+        raise SpecError(f"{said}: {root} is a file, not a folder; pass a folder (made on the first build if "
+                        f"missing), or leave {left_out} out to use GEMMC_CACHE_DIR (default ~/.cache/gemmc)")
+    return root
+
+
+_CACHES: dict = {}
+_CACHES_LOCK = threading.Lock()
+
+
+def _kernel_cache(root: Path):
+    """The KernelCache at `root`, one per folder and process (as gemmc.cache.default_cache keeps one), so
+    compiles into the same cache_dir share its in-memory hits."""
+    from .cache import KernelCache
+    with _CACHES_LOCK:
+        c = _CACHES.get(root)
+        if c is None:
+            c = _CACHES[root] = KernelCache(root)
+        return c
+
+
+def _tuning_db(cache_dir: Optional[Path]) -> Optional[Path]:
+    """The tuning DB `auto` reads for a compile into `cache_dir`: GEMMC_TUNING_DB where set, else the one in
+    that cache, as for GEMMC_CACHE_DIR (gemmc.search.db.default_path); None: resolve_auto's default."""
+    if cache_dir is None or os.environ.get("GEMMC_TUNING_DB"):
+        return None
+    return cache_dir / "tuning.sqlite"
 
 
 def lower(spec: GemmSpec, schedule: Schedule, arch: Optional[str] = None) -> tuple[dict[str, str], KernelPlan]:
@@ -79,11 +129,18 @@ class CompiledGemm:
     """The result of `gemmc.compile`: IR after each pass, the KernelPlan, and (lazily) the kernel.
 
     Calls take (a, b, *spec.inputs), or, compiled from a @gemmc.kernel function, that function's own
-    parameters (`signature`, a runtime.CallSignature): its order, its names, its defaults."""
+    parameters (`signature`, a runtime.CallSignature): its order, its names, its defaults.
+
+    `build()` builds into the kernel cache (`cache_dir`, else GEMMC_CACHE_DIR's) and returns the artifact of
+    this kernel; `artifacts` maps each runtime M bucket's range ("3..4"; see gemmc.m_buckets.M_BUCKETS) to
+    the Artifact its calls load, building as needed, or to None where they run torch.matmul. A compile
+    without M buckets (static M, or a fixed schedule) maps "all" to its one: its artifact, or None where
+    `auto` runs torch.matmul. `m_buckets.describe()` lists each bucket's decision."""
 
     def __init__(self, spec: GemmSpec, schedule: Schedule, input_ir: str, ir_after: dict[str, str],
-                 plan: KernelPlan, emit: str = "kernel", signature=None):
+                 plan: KernelPlan, emit: str = "kernel", signature=None, cache_dir: Optional[Path] = None):
         self.spec = spec
+        self.cache_dir = cache_dir    # None: GEMMC_CACHE_DIR's cache (gemmc.cache.default_cache)
         self.signature = signature
         # where a call's A operand is, for the per-M choice: (position, name)
         self._a_arg = (0, "a")
@@ -129,8 +186,9 @@ class CompiledGemm:
     def kernel(self):
         """The backend kernel (gemmc.compiled.CompiledKernel), keyed in the cache by the final kernel IR."""
         from .compiled import CompiledKernel
+        cache = _kernel_cache(self.cache_dir) if self.cache_dir is not None else None
         return CompiledKernel(self.emitted, material=self._ir_after[self.passes[-1]], plan=self.plan,
-                              spec=self.spec, schedule=self.schedule, signature=self.signature)
+                              spec=self.spec, schedule=self.schedule, signature=self.signature, cache=cache)
 
     @functools.cached_property
     def cublas_route(self):
@@ -155,6 +213,20 @@ class CompiledGemm:
     @property
     def artifact(self):
         return self.kernel.build()
+
+    @property
+    def artifacts(self) -> dict:
+        """{M range label: Artifact, or None where torch.matmul runs}: the cache entry each runtime M bucket
+        loads (built as needed); {"all": ...} without M buckets. See the class docstring."""
+        self._need_kernel("artifacts")
+        if self.m_buckets is None:
+            cublas = self.decision is not None and self.decision.use_cublas
+            return {"all": None if cublas else self.artifact}
+        out = {}
+        for rng, b in zip(M_BUCKETS, BUCKETS):
+            _, kernel = self.m_buckets.route(b)
+            out[range_label(*rng)] = None if kernel is None else kernel.artifact
+        return out
 
     @property
     def ptx(self) -> str:
@@ -307,6 +379,11 @@ class CublasOnlyGemm:
         """Nothing to build: torch.matmul runs every call."""
         return None
 
+    @property
+    def artifacts(self) -> dict:
+        """{"all": None}: torch.matmul runs every call (see CompiledGemm.artifacts)."""
+        return {"all": None}
+
     def _no_kernel(self, what: str):
         return SpecError(f"{what}: `auto` runs torch.matmul for {self.spec.name}: no gemmc kernel takes it "
                          f"({self.why})")
@@ -328,14 +405,19 @@ class CublasOnlyGemm:
 
 
 def compile(spec_or_kernel, schedule: Union[str, Schedule, dict] = "auto", arch: Optional[str] = None,
-            emit: str = "kernel") -> Union[CompiledGemm, CublasOnlyGemm]:
+            emit: str = "kernel", cache_dir: Union[str, os.PathLike, None] = None
+            ) -> Union[CompiledGemm, CublasOnlyGemm]:
     """Compile a GEMM. `schedule`: "auto" | "heuristic" | a gemmc.Schedule; `arch`: "sm_90a" | "sm_80"
     (default: the Schedule's, else sm_90a); `emit="ir"` stops after the passes. Under "auto" with a
     symbolic M, calls choose per runtime M bucket (gemmc/m_buckets.py; `k.for_m(M)` shows the choice).
     "auto" on a plain GEMM that no kernel can run (a static dim off 16-byte alignment) returns a
-    CublasOnlyGemm, whose calls run torch.matmul and whose `schedule` is None."""
+    CublasOnlyGemm, whose calls run torch.matmul and whose `schedule` is None.
+    `cache_dir`: the kernel cache folder every kernel of this compile (each M bucket's too) is built into and
+    loaded from, instead of GEMMC_CACHE_DIR's; "auto" then reads the tuning DB in it (`tuning.sqlite`)
+    unless GEMMC_TUNING_DB is set, as `gemmc build --cache-dir` does. A file there is a SpecError."""
     if emit not in EMITS:
         raise SpecError(f"emit={emit!r}; use one of {EMITS}")
+    root = as_cache_dir(cache_dir) if cache_dir is not None else None
     spec = as_spec(spec_or_kernel)
     # a @gemmc.kernel function's calls take its own parameters (gemmc.dsl.Kernel.call_signature)
     signature = getattr(spec_or_kernel, "call_signature", None) if spec_or_kernel is not spec else None
@@ -344,14 +426,16 @@ def compile(spec_or_kernel, schedule: Union[str, Schedule, dict] = "auto", arch:
         if unaligned:
             return CublasOnlyGemm(spec, as_arch(arch or "sm_90a"), "; ".join(map(str, unaligned)),
                                   signature=signature)
-    decision = auto_decision(spec, arch or "sm_90a") if schedule == "auto" else None
+    db = _tuning_db(root)
+    decision = auto_decision(spec, arch or "sm_90a", db=db) if schedule == "auto" else None
     chosen = decision.schedule if decision is not None else choose_schedule(spec, schedule, arch)
     require_valid(chosen, spec)
     input_ir = print_module(spec_to_module(spec, chosen))
     ir_after, plan = lower(spec, chosen)
-    k = CompiledGemm(spec, chosen, input_ir, ir_after, plan, emit, signature=signature)
+    k = CompiledGemm(spec, chosen, input_ir, ir_after, plan, emit, signature=signature, cache_dir=root)
     k.decision = decision       # where "auto" got the schedule, and whether cuBLAS is faster here
     if decision is not None and not isinstance(spec.m, int):
         k.m_buckets = MBuckets(spec, chosen.arch, chosen, k,
-                               lambda s: compile(spec_or_kernel, schedule=s, arch=chosen.arch, emit=emit))
+                               lambda s: compile(spec_or_kernel, schedule=s, arch=chosen.arch, emit=emit,
+                                                 cache_dir=root), db=db)
     return k

@@ -2,7 +2,11 @@
 
 Order: 1. the tuning DB's best for this exact problem; 2. the table shipped for this GPU
 (gemmc/pretuned.py) for this exact shape; 3. a tuned neighbour (same N, K, dtypes, layouts, epilogue; M
-within 2x) or else the trained policy, or else a farther neighbour; 4. the shipped table's neighbour
+within 2x) or else the trained policy (when it was trained for this GPU, or either GPU is unknown), or else
+a farther neighbour; a neighbour whose pick this gemmc finds invalid for the problem, or that this gemmc
+version failed to build or run (on the neighbour, as for the exact step, or on this problem), or that failed
+its check on this problem, gives way to the next neighbour (`detail` names what was passed over); 4. the
+shipped table's neighbour
 (same N, K, M within 2x); 5. the analytic heuristic. A plain GEMM goes to torch.matmul when cuBLAS was
 measured faster on this exact problem (the DB's or the table's), or on the table's neighbour, or (at the
 heuristic step) at any of the 5 nearest shapes the table measured (its checks of the heuristic's own
@@ -92,8 +96,10 @@ _policy_cache: dict = {}
 _policy_lock = threading.Lock()
 
 
-def _policy(db):
-    """The DB's policy, loaded once per (file, save time)."""
+def _policy(db, gpu_name: Optional[str] = None):
+    """The DB's policy, loaded once per (file, save time); None when it was trained for another GPU than
+    `gpu_name` (a policy of unknown GPU, saved by an older gemmc or trained on several GPUs' rows, and an
+    unknown target, as in an ahead-of-time build, match any)."""
     stamp = db.policy_stamp()
     if stamp is None:
         return None
@@ -105,7 +111,11 @@ def _policy(db):
             except Exception as e:   # an incompatible policy is skipped, not fatal: the heuristic still answers
                 _policy_cache[key] = None
                 warnings.warn(f"gemmc: schedule='auto' skips the policy saved in {db.path}: {e}", stacklevel=3)
-        return _policy_cache[key]
+        pol = _policy_cache[key]
+    trained_for = getattr(pol, "gpu_name", None)
+    if gpu_name is not None and trained_for is not None and trained_for != gpu_name:
+        return None
+    return pol
 
 
 def _neighbours(db, spec: GemmSpec, arch: str, gpu_name: Optional[str]):
@@ -124,6 +134,67 @@ def _neighbours(db, spec: GemmSpec, arch: str, gpu_name: Optional[str]):
         out.append((d, e))
     out.sort(key=lambda t: t[0])
     return out
+
+
+def _shape_of(e) -> str:
+    return f"{e.fields['m']}x{e.fields['n']}x{e.fields['k']}"
+
+
+def _failed_here(tdb, conc: GemmSpec, arch: str, gpu: str) -> dict:
+    """{Schedule: why} of the schedules that cannot run on the requested problem itself, by its own rows on
+    `gpu`: those that failed their check there (the DB's verdict disqualifies them) and those whose latest
+    row of the running gemmc version is a failure (to build, or to run)."""
+    from . import __version__
+    out = {q.schedule: f"failed its check on this problem: {q.error}" for q in tdb.disqualified(conc, arch, gpu)}
+    for m in tdb.prior(conc, arch, gpu, version=__version__):
+        if not m.ok:
+            out.setdefault(m.schedule, f"gemmc {__version__} failed it on this problem: {m.error}")
+    return out
+
+
+def _neighbour_unusable(tdb, conc: GemmSpec, arch: str, e, here: dict) -> Optional[str]:
+    """Why this gemmc cannot run the pick of the tuned neighbour `e` for `conc`; None when it can. As at
+    the exact step (`_unusable`): invalid for `conc`, or a figure resting on an older gemmc's rows of a
+    schedule the running version failed on that neighbour; besides, a schedule that cannot run on `conc`
+    itself (`_failed_here`, memoised per GPU in `here`)."""
+    if not is_valid(e.schedule, conc):
+        return "not valid for this problem under this gemmc"
+    if e.gpu_name not in here:
+        here[e.gpu_name] = _failed_here(tdb, conc, arch, e.gpu_name)
+    if e.schedule in here[e.gpu_name]:
+        return here[e.gpu_name][e.schedule]
+    if not e.stale:
+        return None
+    from . import __version__
+    # as in `_unusable`: a stale figure has no successful row of the running version, so any is a failure
+    there = conc.with_dims(m=e.fields["m"], n=e.fields["n"], k=e.fields["k"])
+    failed = [m for m in tdb.prior(there, arch, e.gpu_name, version=__version__) if m.schedule == e.schedule]
+    return f"gemmc {__version__} failed it on {_shape_of(e)}: {failed[0].error}" if failed else None
+
+
+def _first_usable_neighbour(tdb, conc: GemmSpec, arch: str, near: list, whys: dict, here: dict, passed: list):
+    """The nearest entry of `near` ((distance, BestEntry), nearest first) whose pick this gemmc can run for
+    `conc`, or None. `whys` memoises `_neighbour_unusable` per entry (by id: the entries live through one
+    `_decide`), `here` its `_failed_here` per GPU; the ones passed over on the way are appended to `passed`
+    once each."""
+    for _, e in near:
+        if id(e) not in whys:
+            whys[id(e)] = _neighbour_unusable(tdb, conc, arch, e, here)
+        why = whys[id(e)]
+        if why is None:
+            return e
+        note = f"{e.schedule.short()} of {_shape_of(e)} ({why})"
+        if note not in passed:
+            passed.append(note)
+    return None
+
+
+def _with_passed_neighbours(d: Decision, passed: list) -> Decision:
+    """`d`, its detail naming the neighbours' picks passed over before it (the first 3, and how many more)."""
+    if not passed:
+        return d
+    named = ", ".join(passed[:3]) + (f" and {len(passed) - 3} more" if len(passed) > 3 else "")
+    return replace(d, detail="; ".join(x for x in (d.detail, "passed over the DB's neighbour picks " + named) if x))
 
 
 def heuristic_schedule(spec: GemmSpec, arch: str) -> Schedule:
@@ -311,25 +382,29 @@ def _decide(spec: GemmSpec, conc: Optional[GemmSpec], arch: str, tdb, exact, tab
     shipped = _pretuned_decision(table, conc)
     if shipped is not None and shipped[1]:
         return shipped[0]
+    passed: list = []       # the neighbours' picks this gemmc cannot run, nearest first
     if tdb is not None:
-        near = [(d, e) for d, e in _neighbours(tdb, conc, arch, gpu_name) if is_valid(e.schedule, conc)]
+        near = [(d, e) for d, e in _neighbours(tdb, conc, arch, gpu_name) if d <= FAR_LOG2]
+        whys: dict = {}
+        here: dict = {}
         close = [(d, e) for d, e in near if d <= NEAR_LOG2 and e.fields["n"] == conc.n and e.fields["k"] == conc.k]
-        if close:
-            d, e = close[0]
-            return Decision(e.schedule, "nearest", detail=f"tuned {e.fields['m']}x{e.fields['n']}x{e.fields['k']}")
-        pol = _policy(tdb)
+        e = _first_usable_neighbour(tdb, conc, arch, close, whys, here, passed)
+        if e is not None:
+            return _with_passed_neighbours(Decision(e.schedule, "nearest", detail=f"tuned {_shape_of(e)}"), passed)
+        pol = _policy(tdb, gpu_name)
         if pol is not None:
             feasible = enumerate_schedules(conc, arch)
             if feasible:
-                return Decision(pol.best(conc, feasible), "policy",
-                                detail=f"policy trained on {pol.trained_shapes} shapes")
-        far = [(d, e) for d, e in near if d <= FAR_LOG2]
-        if far:
-            d, e = far[0]
-            return Decision(e.schedule, "nearest", detail=f"tuned {e.fields['m']}x{e.fields['n']}x{e.fields['k']}")
+                of = f" of {pol.gpu_name}" if getattr(pol, "gpu_name", None) else ""
+                return _with_passed_neighbours(
+                    Decision(pol.best(conc, feasible), "policy",
+                             detail=f"policy trained on {pol.trained_shapes} shapes{of}"), passed)
+        e = _first_usable_neighbour(tdb, conc, arch, near, whys, here, passed)
+        if e is not None:
+            return _with_passed_neighbours(Decision(e.schedule, "nearest", detail=f"tuned {_shape_of(e)}"), passed)
     if shipped is not None:
-        return shipped[0]
-    return _heuristic_decision(conc, spec, arch, table)
+        return _with_passed_neighbours(shipped[0], passed)
+    return _with_passed_neighbours(_heuristic_decision(conc, spec, arch, table), passed)
 
 
 def _db_exact(tdb, conc: GemmSpec, arch: str, gpu_name: Optional[str]):

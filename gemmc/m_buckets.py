@@ -17,6 +17,9 @@ from .schedule import Schedule, is_valid
 from .spec import GemmSpec
 
 BUCKETS = tuple(2 ** i for i in range(17))          # 1 .. 65536 rows
+# M_BUCKETS[i]: the runtime M that BUCKETS[i] takes, (lo, hi) inclusive; hi None for the last, which takes
+# every larger M too
+M_BUCKETS = tuple((b // 2 + 1, b) for b in BUCKETS[:-1]) + ((BUCKETS[-2] + 1, None),)
 
 
 def bucket_of(m: int) -> int:
@@ -29,17 +32,24 @@ def bucket_of(m: int) -> int:
     return BUCKETS[-1]
 
 
+def range_label(lo: int, hi: Optional[int]) -> str:
+    """A bucket's M range as `gemmc build` prints it: "3..4"; "32769.." for the last (no upper end)."""
+    return f"{lo}.." if hi is None else f"{lo}..{hi}"
+
+
 class MBuckets:
     """Per-bucket decisions and kernels of one symbolic-M `auto` compile.
 
     `make_kernel(schedule)` returns the compiled callable for the symbolic spec with that schedule;
     `default` is the one `gemmc.compile` returned (its schedule is reused when a bucket picks it).
+    `db`: the tuning DB the buckets are resolved with (resolve_auto's `db`; None: its default).
     """
 
     def __init__(self, spec: GemmSpec, arch: str, default_schedule: Schedule, default_kernel,
-                 make_kernel: Callable[[Schedule], object]):
+                 make_kernel: Callable[[Schedule], object], db=None):
         self.spec = spec
         self.arch = arch
+        self.db = db
         self._kernels = {default_schedule: default_kernel}
         self._make_kernel = make_kernel
         self._decisions: dict = {}
@@ -53,7 +63,7 @@ class MBuckets:
         b = bucket_of(m)
         d = self._decisions.get(b)
         if d is None:
-            d = resolve_auto(self.spec, self.arch, m=b)
+            d = resolve_auto(self.spec, self.arch, m=b, db=self.db)
             if not is_valid(d.schedule, self.spec):   # valid at M = b, not for every M: keep the default
                 d = Decision(self._default_schedule, "heuristic", detail=f"bucket {b}: {d.schedule.short()} "
                              "is not valid for symbolic M")
@@ -81,6 +91,11 @@ class MBuckets:
     def table(self) -> list[tuple[int, object]]:
         """[(bucket, Decision)] for every bucket: what `auto` does at each M."""
         return [(b, self.decision(b)) for b in BUCKETS]
+
+    def describe(self) -> list[tuple[str, object, str]]:
+        """[(M range label, Decision, schedule short name or "torch.matmul")] for every bucket, in M order."""
+        return [(range_label(*rng), d, "torch.matmul" if d.use_cublas else d.schedule.short())
+                for rng, (_, d) in zip(M_BUCKETS, self.table())]
 
     def kernels(self) -> list:
         """Every kernel some bucket launches, once each (built by `CompiledGemm.build`)."""

@@ -82,9 +82,9 @@ def test_a_fixed_schedule_no_shape_can_run_is_refused_but_one_some_can_run_is_no
 
 def test_bad_out_paths_are_refused_before_the_run(tmp_path, capsys):
     (tmp_path / "file").write_text("")
-    assert "is a directory" in _error_of(["--suite", "square", "--out", str(tmp_path)], capsys)
+    assert "is a folder" in _error_of(["--suite", "square", "--out", str(tmp_path)], capsys)
     err = _error_of(["--suite", "square", "--out", str(tmp_path / "file" / "r.json")], capsys)
-    assert f"{tmp_path / 'file'} is a file, not a directory" in err
+    assert f"{tmp_path / 'file'} is a file, not a folder" in err
     # a .png report would be overwritten by its own default plot, and --plot the same path likewise
     assert "both be written to" in _error_of(["--suite", "square", "--out", str(tmp_path / "r.png")], capsys)
     err = _error_of(["--suite", "square", "--out", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.json")],

@@ -286,11 +286,14 @@ def test_gemmc_build_ptx_to_stdout_is_the_ptx_alone(tmp_path, capsys, fake_kerne
 
 def test_gemmc_build_checks_the_ptx_destination_before_building(tmp_path, capsys, fake_kernel_build):
     from gemmc.cli import main
-    for dest, needle in ((tmp_path / "nonexist" / "x.ptx", "does not exist"), (tmp_path, "is a folder")):
+    (tmp_path / "file").write_text("")
+    for dest, needle in ((tmp_path / "file" / "x.ptx", "is a file, not a folder"), (tmp_path, "is a folder")):
         assert main(["build", *GEMM_ARGS, "--cache-dir", str(tmp_path / "aot"), "--ptx", str(dest)]) == 1
         err = capsys.readouterr().err
         assert err.startswith(f"gemmc build: error: --ptx {dest}: ") and needle in err
     assert fake_kernel_build == []                                    # refused before anything was built
-    assert main(["build", *GEMM_ARGS, "--cache-dir", str(tmp_path / "aot"), "--ptx", str(tmp_path / "k.ptx")]) == 0
-    assert (tmp_path / "k.ptx").read_text() == "// PTX of the kernel\n.version 8.0\n"
+    # missing folders are made, as for every file a gemmc command writes (gemmc/output_file.py)
+    dest = tmp_path / "new" / "k.ptx"
+    assert main(["build", *GEMM_ARGS, "--cache-dir", str(tmp_path / "aot"), "--ptx", str(dest)]) == 0
+    assert dest.read_text() == "// PTX of the kernel\n.version 8.0\n"
     assert capsys.readouterr().out.splitlines()[-1] == f"cache: {tmp_path / 'aot'}"   # status on stdout then

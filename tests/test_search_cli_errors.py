@@ -130,10 +130,14 @@ def test_export_refuses_to_overwrite_its_own_db_and_an_impossible_destination(tm
         assert main(["--db", str(db), "export", dest]) == 1
         assert "is the tuning DB being exported" in _error(capsys, "export")
     assert db.read_bytes() == before and TuningDB(db, create=False).count() == 3
-    assert main(["--db", str(db), "export", str(tmp_path / "nonexist" / "x.json.gz")]) == 1
-    assert "does not exist" in _error(capsys, "export")
+    (tmp_path / "file").write_text("")
+    assert main(["--db", str(db), "export", str(tmp_path / "file" / "x.json.gz")]) == 1
+    assert "is a file, not a folder" in _error(capsys, "export")
     assert main(["--db", str(db), "export", str(tmp_path)]) == 1
     assert "is a folder" in _error(capsys, "export")
+    # missing folders are made, as for every file a gemmc command writes (gemmc/output_file.py)
+    assert main(["--db", str(db), "export", str(tmp_path / "new" / "x.json.gz")]) == 0
+    assert TuningDB.read_export(tmp_path / "new" / "x.json.gz")["measurements"]
 
 
 def test_report_leaves_a_tuning_db_as_it_was(tmp_path, capsys):

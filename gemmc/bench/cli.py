@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from ..errors import GemmcError
+from ..output_file import check_output_file
 
 DESCRIPTION = ("Benchmark gemmc against cuBLAS (torch.matmul) on a shape suite: CUDA graphs, interleaved, "
                "inputs rotated through 2x L2, each result checked before it is timed. Writes a JSON report "
@@ -157,22 +158,9 @@ def check_policy_fits(policy, shapes, dtype: str) -> None:
                      f"{'; '.join(map(str, problems))}); give a schedule these shapes can run, or heuristic / auto")
 
 
-def _nearest_existing(path: Path) -> Path:
-    p = path.absolute().parent
-    while not p.exists():
-        p = p.parent
-    return p
-
-
-def check_writable_file(path: Path, flag: str) -> None:
+def check_writable_file(path: Path, flag: str, example: str = "report.json") -> None:
     """`path` can be created or replaced as a file (the report is written only after the whole run)."""
-    if path.is_dir():
-        raise GemmcError(f"{flag} {path}: is a directory; give a file path, e.g. {path / 'report.json'}")
-    base = _nearest_existing(path)
-    if not base.is_dir():
-        raise GemmcError(f"{flag} {path}: {base} is a file, not a directory; choose another path")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise GemmcError(f"{flag} {path}: cannot create files in {base} (permission denied); choose another path")
+    check_output_file(path, f"{flag} {path}", example)
 
 
 def plot_path(args, out: Path):
@@ -186,7 +174,7 @@ def check_output_paths(out: Path, png) -> None:
     check_writable_file(out, "--out")
     if png is None:
         return
-    check_writable_file(png, "--plot")
+    check_writable_file(png, "--plot", "report.png")
     if png.absolute() == out.absolute():
         raise GemmcError(f"the plot and the report would both be written to {out}: give --out a .json path or "
                          "--plot another path")
@@ -207,7 +195,7 @@ def show(args) -> int:
     try:
         check_show_options(args)
         if args.plot:
-            check_writable_file(Path(args.plot), "--plot")
+            check_writable_file(Path(args.plot), "--plot", "report.png")
             if Path(args.plot).absolute() == Path(args.show).absolute():
                 raise GemmcError(f"--plot {args.plot} would overwrite the report it plots: give the PNG another path")
             check_plotting_available()

@@ -8,9 +8,26 @@ schedules from `gemmc.schedule.enumerate_schedules`) and the history of `Measure
 
 `evaluate(list[Schedule]) -> list[Measurement]` is the Builder + Runner on a GPU (see
 `cli.tune_shapes`), or a recorded dataset (`simulate.RecordedProblem.evaluate`) on the CPU.
+
 `gemmc.dispatch.resolve_auto` turns the tuning DB into `schedule="auto"` decisions, by the DB's paired
 verdict (`db.TuningDB.best`: the highest cuBLAS / gemmc timed in the same runs, as the geometric mean of a
 schedule's rows, or its median row from three rows on).
+
+The simulator (`gemmc-search simulate`, examples/search_simulate.py) replays recorded sweeps through the
+strategies on the CPU; its functions are exported here:
+
+    header, records = load_records("bench/data")      # a dataset file, or a folder of them
+    problems = group_problems(records, header)         # one RecordedProblem per recorded problem
+    result = simulate_strategies(problems, ["random", "bayes", "rl"], budgets=[4, 8, 16], seeds=2)
+
+`simulate_strategies` is `gemmc.search.simulate.simulate`, renamed so that `gemmc.search.simulate` stays the
+submodule.
 """
 from .strategy import (STRATEGIES, Measurement, SearchProblem, Strategy, make_strategy,  # noqa: F401
                        run_search)
+# the simulator's functions, as `gemmc-search simulate` calls them
+from .simulate import group_problems, load_records  # noqa: F401
+from .simulate import simulate as simulate_strategies  # noqa: F401
+
+__all__ = ["STRATEGIES", "Measurement", "SearchProblem", "Strategy", "make_strategy", "run_search",
+           "group_problems", "load_records", "simulate_strategies"]

@@ -3,7 +3,7 @@
   gemmc-search tune --suite llm --dtype bf16 --strategy bayes --budget 24
   gemmc-search report
   gemmc-search export tuned.json.gz / import tuned.json.gz
-  gemmc-search train-policy
+  gemmc-search train-policy [--gpu NAME]
   gemmc-search simulate --data bench/data/<dataset> --strategy all --budget 4,8,16,32 --seeds 20 [--json]
   gemmc-search synth bench/data/synthetic.jsonl.gz     (a synthetic dataset, for CPU development)
 
@@ -148,7 +148,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="count toward --budget only this gemmc version's measurements, so the search runs "
                         "again after a kernel change (older rows stay in the ranking, marked stale, and the "
                         "confirmations re-measure those that reach the top)")
-    t.add_argument("--no-train-policy", action="store_true", help="skip retraining the policy at the end")
+    t.add_argument("--no-train-policy", action="store_true",
+                   help="skip retraining the policy at the end (on the rows of the GPU tuned on)")
     t.add_argument("--symbolic", action="store_true",
                    help="compile each schedule once for symbolic M, N, K (shared by every shape)")
 
@@ -160,7 +161,12 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("import", help="merge an export into this database")
     i.add_argument("file", help="a file `gemmc-search export` wrote")
 
-    tp = sub.add_parser("train-policy", help="(re)train the rl policy on everything in the database")
+    tp = sub.add_parser("train-policy", help="(re)train the rl policy on the database's rows of one GPU")
+    tp.add_argument("--gpu", metavar="NAME",
+                    help="train on the rows measured on this GPU, named as torch.cuda.get_device_name() does "
+                         "(default: $GEMMC_GPU, else the visible GPU; with neither, every GPU's rows, and the "
+                         "policy's GPU is unknown unless they are all one GPU's); schedule='auto' uses the policy "
+                         "only on that GPU")
     tp.add_argument("--epochs", type=_at_least(1, "passes over the data"), default=60, help="(default 60)")
     tp.add_argument("--seed", type=int, default=0)
 
@@ -543,8 +549,8 @@ def cmd_tune(args) -> int:
     if not args.no_train_policy and args.strategy != "rl":
         from .rl import train_policy_from_db
         try:
-            pol = train_policy_from_db(db)
-            print(f"policy retrained on {pol.trained_shapes} problems", file=sys.stderr)
+            pol = train_policy_from_db(db, gpu_name=gpu)      # only the rows of the GPU tuned on
+            print(f"policy retrained on {pol.trained_shapes} problems measured on {gpu}", file=sys.stderr)
         except ValueError as e:
             print(f"policy not trained: {e}", file=sys.stderr)
     print_summary(summary)
@@ -611,17 +617,27 @@ def cmd_import(args) -> int:
 
 
 def cmd_train_policy(args) -> int:
+    from ..pretuned import target_gpu
     from .db import TuningDB
-    from .rl import examples_from_db, train_policy
+    from .rl import examples_from_db, train_policy, trained_for
+    gpu = target_gpu(args.gpu)      # --gpu, else GEMMC_GPU, else the visible GPU; None: every GPU's rows
     with _existing_db(args) as db:
-        examples = examples_from_db(db)
+        examples = examples_from_db(db, gpu)
+        gpus = db.gpus()
     if not examples:
-        raise GemmcError(f"{db.path}: no problem has two or more measured schedules, so there is nothing to rank; "
-                         f"tune some shapes first (`gemmc-search tune`) or `gemmc-search import` measurements")
+        of = "" if gpu is None else f" measured on {gpu}"
+        others = [g for g in gpus if g != gpu] if gpu is not None else []
+        hint = (f"; the DB holds rows of {', '.join(repr(g) for g in others)}: name one with --gpu" if others
+                else "")
+        raise GemmcError(f"{db.path}: no problem{of} has two or more measured schedules, so there is nothing to "
+                         f"rank; tune some shapes first (`gemmc-search tune`) or `gemmc-search import` "
+                         f"measurements{hint}")
     pol = train_policy(examples, epochs=args.epochs, seed=args.seed)
+    pol.gpu_name = trained_for(examples, gpu)
     with TuningDB(db.path) as out:      # opened for writing only to store the policy
         out.save_policy(pol)
-    print(f"trained the policy on {pol.trained_shapes} problems; saved in {db.path}")
+    print(f"trained the policy on {pol.trained_shapes} problems measured on {pol.gpu_name or 'several GPUs'}; "
+          f"saved in {db.path}")
     return 0
 
 

@@ -21,6 +21,10 @@ A schedule whose correctness check failed (`failed_check`) in a row of that newe
 disqualified: a kernel that once computed a wrong result cannot be the pick, whatever its times, so it
 leaves the ranking, `best`, the report's picks and the policy's positives (`disqualified` says which and
 why). A compile failure, a compile timeout or a run error says nothing about the results, and does not.
+
+A saved policy records the GPU whose rows trained it (`policies.gpu_name`, schema 4; NULL when unknown: one
+trained on several GPUs' rows, or saved by an older gemmc), and `schedule="auto"` passes over a policy of
+another GPU than the one it decides for.
 """
 from __future__ import annotations
 
@@ -38,13 +42,15 @@ from typing import Iterable, Optional
 
 from .. import __version__
 from ..errors import GemmcError
+from ..output_file import check_output_file, make_parent
 from ..schedule import Schedule
 from ..spec import GemmSpec
 from ..types import as_arch
 from .strategy import SUSTAINED, Measurement, schedule_key
 
-SCHEMA_VERSION = 3      # 2: the min-time view best_per_problem is gone (the verdict is paired, in Python);
-                        # 3: a measurement's `timing` (own-clock rows of long calls outrank interleaved ones)
+SCHEMA_VERSION = 4      # 2: the min-time view best_per_problem is gone (the verdict is paired, in Python);
+                        # 3: a measurement's `timing` (own-clock rows of long calls outrank interleaved ones);
+                        # 4: the GPU a policy was trained for (policies.gpu_name; NULL: unknown, as in older files)
 CONFIRM = "confirm"     # the strategy of the rows `gemmc-search tune` re-measures after a search
 # two paired rows of one schedule whose speedups differ by more than this (relative) get a third
 # (`gemmc-search tune`): H200 cuBLAS runs of one shape read up to 7% apart between measurements
@@ -68,13 +74,17 @@ CREATE TABLE IF NOT EXISTS measurements (
 CREATE INDEX IF NOT EXISTS measurements_problem ON measurements (problem, gpu_name);
 CREATE TABLE IF NOT EXISTS policies (
     name TEXT PRIMARY KEY, blob BLOB NOT NULL, feature_spec TEXT NOT NULL,
-    trained_shapes INTEGER, gemmc_version TEXT NOT NULL, created_at REAL NOT NULL
+    trained_shapes INTEGER, gemmc_version TEXT NOT NULL, created_at REAL NOT NULL,
+    gpu_name TEXT                     -- the GPU whose rows trained it; NULL: unknown (several GPUs', or an older gemmc)
 );
 """
 
 _COLUMNS = ("problem", "m", "n", "k", "batch", "dtype", "out_dtype", "acc_dtype", "a_layout", "b_layout",
             "epilogue_class", "arch", "gpu_name", "schedule", "time_us", "cublas_us", "compile_s", "error",
             "strategy", "gemmc_version", "created_at", "timing")
+_POLICY_COLUMNS = ("name", "blob", "feature_spec", "trained_shapes", "gemmc_version", "created_at", "gpu_name")
+_INSERT_POLICY = (f"INSERT OR REPLACE INTO policies ({', '.join(_POLICY_COLUMNS)}) VALUES "
+                  f"({', '.join('?' * len(_POLICY_COLUMNS))})")
 
 
 # a file is gemmc's tuning DB when it holds these tables, and the measurements table these columns
@@ -206,6 +216,12 @@ _OWN_CLOCK_OR_FAILED = " AND (timing = ? OR time_us IS NULL)"
 def _timing(r) -> Optional[str]:
     """A row's `timing`; None for a row of an older file opened read-only (no such column)."""
     return r["timing"] if "timing" in r.keys() else None
+
+
+def _policy_gpu(r) -> Optional[str]:
+    """The GPU a policy row was trained for; None when unknown, as for a row of a schema-3 or older file
+    opened read-only (no such column)."""
+    return r["gpu_name"] if "gpu_name" in r.keys() else None
 
 
 def schedule_figures(rows: Iterable) -> list[ScheduleFigure]:
@@ -367,11 +383,13 @@ class TuningDB:
             raise TuningDBError(f"{self.path} is not a gemmc tuning DB: {why}; {_HINT}")
 
     def _migrate(self) -> None:
-        """Bring a schema-1 or -2 file up to date (its rows are kept as they are, interleaved); a newer file is
-        left alone."""
+        """Bring a schema-1, -2 or -3 file up to date (its rows are kept as they are, interleaved; its policy
+        keeps an unknown GPU); a newer file is left alone."""
         columns = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
         if "timing" not in columns:
             self.conn.execute("ALTER TABLE measurements ADD COLUMN timing TEXT")
+        if "gpu_name" not in {r[1] for r in self.conn.execute("PRAGMA table_info(policies)")}:
+            self.conn.execute("ALTER TABLE policies ADD COLUMN gpu_name TEXT")
         row = self.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is not None and int(row[0]) >= SCHEMA_VERSION:
             return
@@ -538,38 +556,44 @@ class TuningDB:
 
     # ---- policy weights -------------------------------------------------------------------------
     def save_policy(self, policy, name: str = "default") -> None:
+        """Store `policy` under `name`, with the GPU it was trained for (its `gpu_name`; None: unknown)."""
         with self.conn:
-            self.conn.execute("INSERT OR REPLACE INTO policies VALUES (?, ?, ?, ?, ?, ?)",
-                              (name, policy.to_bytes(), json.dumps(policy.feature_spec.to_dict()),
-                               policy.trained_shapes, __version__, time.time()))
+            self.conn.execute(_INSERT_POLICY, (name, policy.to_bytes(), json.dumps(policy.feature_spec.to_dict()),
+                                               policy.trained_shapes, __version__, time.time(),
+                                               getattr(policy, "gpu_name", None)))
 
     def policy_stamp(self, name: str = "default") -> Optional[float]:
         r = self.conn.execute("SELECT created_at FROM policies WHERE name = ?", (name,)).fetchone()
         return r[0] if r else None
 
     def load_policy(self, name: str = "default"):
-        r = self.conn.execute("SELECT blob FROM policies WHERE name = ?", (name,)).fetchone()
+        """The policy saved under `name` (None if none), its `gpu_name` the GPU it was trained for (None:
+        unknown)."""
+        r = self.conn.execute("SELECT * FROM policies WHERE name = ?", (name,)).fetchone()
         if r is None:
             return None
         from .rl import SchedulePolicy
-        return SchedulePolicy.from_bytes(bytes(r[0]))
+        pol = SchedulePolicy.from_bytes(bytes(r["blob"]))
+        pol.gpu_name = _policy_gpu(r)
+        return pol
+
+    def gpus(self) -> list[str]:
+        """The GPUs the DB holds measurements of, sorted."""
+        return [r[0] for r in self.conn.execute("SELECT DISTINCT gpu_name FROM measurements ORDER BY gpu_name")]
 
     # ---- moving results between machines ----------------------------------------------------------
     def export(self, path) -> dict:
         """Every measurement and policy to a gzipped JSON file (never over this DB's own file)."""
-        dest = Path(path)
+        dest = check_output_file(path, str(path), "tuned.json.gz", error=TuningDBError)
         if dest.exists() and dest.samefile(self.path):
             raise TuningDBError(f"{dest} is the tuning DB being exported; name another file, e.g. tuned.json.gz")
-        if dest.is_dir():
-            raise TuningDBError(f"{dest} is a folder; name the file to write, e.g. {dest / 'tuned.json.gz'}")
-        if not dest.absolute().parent.is_dir():
-            raise TuningDBError(f"cannot write {dest}: its folder {dest.absolute().parent} does not exist")
         pols = [{"name": r["name"], "blob": base64.b64encode(bytes(r["blob"])).decode(),
                  "feature_spec": r["feature_spec"], "trained_shapes": r["trained_shapes"],
-                 "gemmc_version": r["gemmc_version"], "created_at": r["created_at"]}
+                 "gemmc_version": r["gemmc_version"], "created_at": r["created_at"], "gpu_name": _policy_gpu(r)}
                 for r in self.conn.execute("SELECT * FROM policies")]
         # .get: a file of an older schema opened read-only may lack a column (timing)
         rows = [{c: r.get(c) for c in _COLUMNS} for r in self.rows()]
+        make_parent(dest, str(path), error=TuningDBError)
         try:
             with gzip.open(dest, "wt") as f:
                 json.dump({"format": "gemmc-tuning", "schema_version": SCHEMA_VERSION, "measurements": rows,
@@ -615,6 +639,10 @@ class TuningDB:
                     lack = "is not a JSON object" if missing is None else f"lacks {', '.join(missing)}"
                     raise TuningDBError(f"{src}: {what_row} {i} {lack} (a damaged file, or not gemmc's?); "
                                         f"export it again")
+        for i, p in enumerate(pols):      # gpu_name: absent from exports of schema 3 and older (unknown GPU)
+            if not isinstance(p.get("gpu_name"), (str, type(None))):
+                raise TuningDBError(f"{src}: policy {i} has a gpu_name that is not a GPU's name "
+                                    f"({p['gpu_name']!r}; a damaged file?); export it again")
         return data
 
     def import_(self, path) -> dict:
@@ -637,8 +665,8 @@ class TuningDB:
             for p in data.get("policies", []):
                 cur = self.policy_stamp(p["name"])
                 if cur is None or p["created_at"] > cur:
-                    self.conn.execute("INSERT OR REPLACE INTO policies VALUES (?, ?, ?, ?, ?, ?)",
-                                      (p["name"], base64.b64decode(p["blob"]), p["feature_spec"],
-                                       p["trained_shapes"], p["gemmc_version"], p["created_at"]))
+                    self.conn.execute(_INSERT_POLICY, (p["name"], base64.b64decode(p["blob"]), p["feature_spec"],
+                                                       p["trained_shapes"], p["gemmc_version"], p["created_at"],
+                                                       p.get("gpu_name")))
                     pols += 1
         return {"measurements": added, "policies": pols}

@@ -10,6 +10,10 @@ softmax of reward / T, reward = log(cuBLAS time / kernel time); failed schedules
 worst reward minus a margin. On a new shape the first proposal is the policy's argmax (zero-shot);
 after each observation a copy is fine-tuned on that shape's measurements (anchored to the trained
 weights) and the best-scoring unmeasured schedules are proposed next.
+
+A policy trained from the tuning DB learns from one GPU's rows (`train_policy_from_db(gpu_name=...)`: the
+GPU being tuned on, or the one `gemmc-search train-policy --gpu` names) and records it in `gpu_name`, so
+`schedule="auto"` uses it only on that GPU (or where either GPU is unknown).
 """
 from __future__ import annotations
 
@@ -40,10 +44,11 @@ ERROR_MARGIN = 0.5      # a failed schedule ranks this far below the shape's slo
 
 @dataclass
 class ShapeExamples:
-    """Training data of one problem: schedules and their rewards."""
+    """Training data of one problem: schedules and their rewards (measured on `gpu_name`, when known)."""
     spec: GemmSpec
     schedules: list[Schedule]
     rewards: list[float]
+    gpu_name: Optional[str] = None
 
 
 class SchedulePolicy(nn.Module):
@@ -57,6 +62,7 @@ class SchedulePolicy(nn.Module):
         self.register_buffer("mean", torch.zeros(d))
         self.register_buffer("std", torch.ones(d))
         self.trained_shapes = 0
+        self.gpu_name: Optional[str] = None     # the GPU whose rows trained it (None: unknown); stored by the DB
 
     def encode(self, spec: GemmSpec, schedules: Sequence[Schedule]) -> torch.Tensor:
         shape = shape_features(spec)
@@ -217,20 +223,22 @@ class RLStrategy(BaseStrategy):
         return self._take([self.problem.candidates[i] for i in order[:n]])
 
 
-def examples_from_db(db) -> list[ShapeExamples]:
-    """Every stored problem (plain or not) as training data; rows of several GPUs pool together. A
-    schedule's reward is the log of its paired speedup (cuBLAS / gemmc, each row timed in one run: the
+def examples_from_db(db, gpu_name: Optional[str] = None) -> list[ShapeExamples]:
+    """Every stored problem (plain or not) as training data: with `gpu_name`, only the rows measured on that
+    GPU; else every GPU's, each GPU's rows of a problem one example (a verdict holds on the GPU it was
+    measured on). A schedule's reward is the log of its paired speedup (cuBLAS / gemmc, each row timed in one run: the
     geometric mean over its rows, or the median row from three on, as the DB's verdict), so a clock that drifted between schedules does not rank them; problems
     without cuBLAS times use log(best time / time). Schedules that only failed rank last. Schedules the
     features do not describe (features.describes: stream-K, 192-row tiles) are left out."""
     import json as _json
 
     from .db import rank_by_verdict, schedule_figures
-    by_problem: dict[str, list[dict]] = {}
+    by_problem: dict[tuple, list[dict]] = {}
     for r in db.rows():
-        by_problem.setdefault(r["problem"], []).append(r)
+        if gpu_name is None or r["gpu_name"] == gpu_name:
+            by_problem.setdefault((r["problem"], r["gpu_name"]), []).append(r)
     out = []
-    for key, rows in by_problem.items():
+    for (key, gpu), rows in by_problem.items():
         f = _json.loads(key)
         spec = GemmSpec(f["m"], f["n"], f["k"], dtype=f["dtype"], out_dtype=f["out_dtype"],
                         acc_dtype=f["acc_dtype"], a_layout=f["a_layout"], b_layout=f["b_layout"])
@@ -247,12 +255,26 @@ def examples_from_db(db) -> list[ShapeExamples]:
         schedules += sorted(failed, key=lambda s: s.short())
         rw += [worst - ERROR_MARGIN] * len(failed)
         if len(rw) > 1:
-            out.append(ShapeExamples(spec, schedules, rw))
+            out.append(ShapeExamples(spec, schedules, rw, gpu))
     return out
 
 
-def train_policy_from_db(db, epochs: int = 60, seed: int = 0, save: bool = True) -> SchedulePolicy:
-    pol = train_policy(examples_from_db(db), epochs=epochs, seed=seed)
+def trained_for(examples: Sequence[ShapeExamples], gpu_name: Optional[str] = None) -> Optional[str]:
+    """The GPU a policy trained on `examples` is for: `gpu_name` when given (the examples are its rows),
+    else the one GPU all the examples were measured on; None (unknown) for several or unknown GPUs."""
+    if gpu_name is not None:
+        return gpu_name
+    gpus = {e.gpu_name for e in examples}
+    return gpus.pop() if len(gpus) == 1 else None
+
+
+def train_policy_from_db(db, epochs: int = 60, seed: int = 0, save: bool = True,
+                         gpu_name: Optional[str] = None) -> SchedulePolicy:
+    """Train on the DB's rows of `gpu_name` (None: every GPU's) and, with `save`, store the policy with the
+    GPU it was trained for (`trained_for`). ValueError when no problem has two or more measured schedules."""
+    examples = examples_from_db(db, gpu_name)
+    pol = train_policy(examples, epochs=epochs, seed=seed)
+    pol.gpu_name = trained_for(examples, gpu_name)
     if save:
         db.save_policy(pol)
     return pol
