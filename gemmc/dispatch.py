@@ -2,7 +2,8 @@
 
 Order: 1. the tuning DB's best for this exact problem; 2. the table shipped for this GPU
 (gemmc/pretuned.py) for this exact shape; 3. a tuned neighbour (same N, K, dtypes, layouts, epilogue; M
-within 2x) or else the trained policy (when it was trained for this GPU, or either GPU is unknown), or else
+within 2x) or else the trained policy (the DB's policy for this GPU, else its policy of unknown GPU, never
+another GPU's: TuningDB.policy_for), or else
 a farther neighbour; a neighbour whose pick this gemmc finds invalid for the problem, or that this gemmc
 version failed to build or run (on the neighbour, as for the exact step, or on this problem), or that failed
 its check on this problem, gives way to the next neighbour (`detail` names what was passed over); 4. the
@@ -97,25 +98,22 @@ _policy_lock = threading.Lock()
 
 
 def _policy(db, gpu_name: Optional[str] = None):
-    """The DB's policy, loaded once per (file, save time); None when it was trained for another GPU than
-    `gpu_name` (a policy of unknown GPU, saved by an older gemmc or trained on several GPUs' rows, and an
-    unknown target, as in an ahead-of-time build, match any)."""
-    stamp = db.policy_stamp()
+    """The DB's policy for `gpu_name` (`TuningDB.policy_for`: the one trained for that GPU, else the one of
+    unknown GPU, saved by an older gemmc or trained on several GPUs' rows; None if neither, so another GPU's
+    policy never serves; an unknown target, as in an ahead-of-time build, takes the "default" one, else the
+    only one, else the newest), loaded once per (file, target GPU, save time): a retrain is picked up."""
+    stamp = db.policy_stamp(gpu_name)
     if stamp is None:
         return None
-    key = (str(db.path), stamp)
+    key = (str(db.path), gpu_name, stamp)
     with _policy_lock:
         if key not in _policy_cache:
             try:
-                _policy_cache[key] = db.load_policy()
+                _policy_cache[key] = db.policy_for(gpu_name)
             except Exception as e:   # an incompatible policy is skipped, not fatal: the heuristic still answers
                 _policy_cache[key] = None
                 warnings.warn(f"gemmc: schedule='auto' skips the policy saved in {db.path}: {e}", stacklevel=3)
-        pol = _policy_cache[key]
-    trained_for = getattr(pol, "gpu_name", None)
-    if gpu_name is not None and trained_for is not None and trained_for != gpu_name:
-        return None
-    return pol
+        return _policy_cache[key]
 
 
 def _neighbours(db, spec: GemmSpec, arch: str, gpu_name: Optional[str]):

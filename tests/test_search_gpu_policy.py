@@ -1,6 +1,7 @@
 """The rl policy is GPU-aware: it trains on the target GPU's rows only, the DB records the GPU it was trained for
-(schema 4: policies.gpu_name, NULL for an older file's policy), export/import carry it, and schedule="auto" passes
-over a policy of another GPU. Also: gemmc.search exports the simulator's functions."""
+(schema 4: policies.gpu_name, NULL for an older file's policy) and keeps one policy per GPU, export/import carry
+them, and schedule="auto" and `tune --strategy rl` use the target GPU's policy, else the one of unknown GPU, never
+another GPU's. Also: gemmc.search exports the simulator's functions."""
 import ast
 import base64
 import gzip
@@ -54,12 +55,18 @@ def _two_gpu_rows(db, with_h100=True):
         _record(db, H100, P3, [30.0, 35.0, 20.0])
 
 
-def _small_policy(gpu=None):
+def _small_policy(gpu=None, flip=False):
+    """A policy trained on one problem; flip: on the opposite ranking (it picks other schedules)."""
     from gemmc.search.rl import ShapeExamples, train_policy
     c = _cands(P2)
-    pol = train_policy([ShapeExamples(P2, c[:12], [0.01 * i for i in range(12)])], epochs=2)
+    pol = train_policy([ShapeExamples(P2, c[:12], [(-0.01 if flip else 0.01) * i for i in range(12)])], epochs=2)
     pol.gpu_name = gpu
     return pol
+
+
+def _same(a, b, spec=ASK):
+    cands = _cands(spec)
+    return torch.equal(a.scores(spec, cands), b.scores(spec, cands))
 
 
 # ---- training uses the target GPU's rows ------------------------------------------------------------------
@@ -250,10 +257,12 @@ def test_a_schema_3_file_reads_as_is_and_migrates_on_write(tmp_path):
         rows = db.conn.execute("SELECT name, gpu_name, created_at FROM policies").fetchall()
         assert [tuple(r) for r in rows] == [("default", None, 1000.0)]
         assert db.load_policy().gpu_name is None and db.count() == 1
-        db.save_policy(_small_policy(H200))
-        assert db.load_policy().gpu_name == H200
+        db.save_policy(_small_policy(H200))           # stored beside the old one: it stays the unknown GPU's
+        assert db.policy_for(H200).gpu_name == H200
+        assert _same(db.policy_for(H100), pol) and _same(db.load_policy(), pol)
     with TuningDB(path) as db:                        # reopening is a no-op
-        assert db.load_policy().gpu_name == H200 and _schema_version(path) == str(SCHEMA_VERSION)
+        assert _schema_version(path) == str(SCHEMA_VERSION)
+        assert [(p.name, p.gpu_name) for p in db.policies()] == [(H200, H200), ("default", None)]
 
 
 def test_export_and_import_carry_the_policys_gpu(tmp_path):
@@ -285,6 +294,239 @@ def test_an_export_of_an_older_gemmc_imports_with_an_unknown_gpu(tmp_path):
         json.dump(old, f)
     with pytest.raises(TuningDBError, match="policy 0 has a gpu_name that is not a GPU's name"):
         TuningDB.read_export(tmp_path / "bad.json.gz")
+
+
+# ---- one policy per GPU ------------------------------------------------------------------------------------
+
+def test_each_gpus_policy_is_kept_when_another_gpu_trains(tmp_path):
+    from gemmc.search.rl import train_policy_from_db
+    db = TuningDB(tmp_path / "t.sqlite")
+    _two_gpu_rows(db)
+    h200 = train_policy_from_db(db, epochs=3, gpu_name=H200)
+    h100 = train_policy_from_db(db, epochs=3, gpu_name=H100)
+    assert not _same(h200, h100)
+    assert [(p.name, p.gpu_name, p.trained_shapes) for p in db.policies()] == [(H100, H100, 2), (H200, H200, 2)]
+    assert _same(db.policy_for(H200), h200) and db.policy_for(H200).gpu_name == H200
+    assert _same(db.policy_for(H100), h100) and db.policy_for(H100).gpu_name == H100
+    assert db.policy_for("NVIDIA GH200 480GB") is None          # no policy of its own, none of unknown GPU
+    h100_saved = db.policy_stamp(H100)
+    again = train_policy_from_db(db, epochs=5, gpu_name=H200)    # a retrain replaces the H200's policy only
+    assert len(db.policies()) == 2 and db.policy_stamp(H100) == h100_saved
+    assert _same(db.policy_for(H200), again) and not _same(again, h200)
+    assert db.policy_stamp(H200) > h100_saved
+    unknown = train_policy_from_db(db, epochs=2)                 # every GPU's rows: the unknown GPU's, beside
+    assert [(p.name, p.gpu_name) for p in db.policies()] == [(H100, H100), (H200, H200), ("default", None)]
+    assert _same(db.policy_for("NVIDIA GH200 480GB"), unknown) and _same(db.policy_for(H100), h100)
+
+
+def test_with_no_target_the_default_policy_else_the_only_one_else_the_newest(tmp_path):
+    db = TuningDB(tmp_path / "t.sqlite")
+    assert db.policy_for(None) is None and db.policy_stamp() is None and db.load_policy() is None
+    h100 = _small_policy(H100)
+    db.save_policy(h100)
+    assert _same(db.policy_for(None), h100) and _same(db.load_policy(), h100)       # the only one
+    h200 = _small_policy(H200, flip=True)
+    db.save_policy(h200)
+    assert _same(db.policy_for(None), h200) and db.policy_stamp() == db.policy_stamp(H200)   # the newest
+    unknown = _small_policy(None)
+    db.save_policy(unknown)
+    db.save_policy(_small_policy(H100, flip=True))     # newer than the unknown GPU's, yet "default" is preferred
+    assert _same(db.policy_for(None), unknown) and db.policy_stamp() == db.policy_stamp("NVIDIA GH200 480GB")
+
+
+def test_auto_uses_the_target_gpus_own_policy_else_the_unknown_gpus(tmp_path):
+    path = tmp_path / "t.sqlite"
+    h200, h100 = _small_policy(H200), _small_policy(H100, flip=True)
+    cands = _cands(ASK)
+    assert h200.best(ASK, cands) != h100.best(ASK, cands)
+    with TuningDB(path) as db:
+        db.record(ASK.with_dims(m=512), "sm_90a", Measurement(cands[3], 40.0, None, 50.0), H200)  # 4x in M
+        db.save_policy(h200)
+        db.save_policy(h100)
+    for gpu, pol in ((H200, h200), (H100, h100)):
+        d = resolve_auto(ASK, "sm_90a", db=path, gpu_name=gpu)
+        assert (d.source, d.schedule) == ("policy", pol.best(ASK, cands))
+        assert d.detail == f"policy trained on 1 shapes of {gpu}"
+    gh200 = "NVIDIA GH200 480GB"           # neither policy is its own, none is of unknown GPU, no row is its
+    assert resolve_auto(ASK, "sm_90a", db=path, gpu_name=gh200).source == "heuristic"
+    unknown = _small_policy(None, flip=True)
+    unknown.trained_shapes = 7             # tells it apart in `detail`
+    with TuningDB(path) as db:
+        db.save_policy(unknown)
+    d = resolve_auto(ASK, "sm_90a", db=path, gpu_name=gh200)
+    assert (d.source, d.schedule, d.detail) == ("policy", unknown.best(ASK, cands), "policy trained on 7 shapes")
+    assert resolve_auto(ASK, "sm_90a", db=path, gpu_name=H200).detail == f"policy trained on 1 shapes of {H200}"
+    assert resolve_auto(ASK, "sm_90a", db=path).detail == "policy trained on 7 shapes"   # no target: "default"
+    retrained = _small_policy(H200, flip=True)     # the per-file cache follows the H200's own save time
+    retrained.trained_shapes = 3
+    with TuningDB(path) as db:
+        db.save_policy(retrained)
+    d = resolve_auto(ASK, "sm_90a", db=path, gpu_name=H200)
+    assert (d.schedule, d.detail) == (retrained.best(ASK, cands), f"policy trained on 3 shapes of {H200}")
+
+
+class _InlineBuilder:
+    """Builds nothing: every schedule compiles (no processes, no GPU)."""
+
+    def __init__(self, *a, **k):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def build(self, spec, schedules, arch, on_result=None):
+        from gemmc.search.builder import BuildResult
+        out = [BuildResult(s, True, 0.1, None) for s in schedules]
+        for r in out if on_result else ():
+            on_result(r)
+        return out
+
+
+def _fake_gpu(monkeypatch, gpu):
+    """`gemmc-search tune` on a fake `gpu`: compiles pass, every schedule measures 40 us against cuBLAS's 50."""
+    import gemmc.search.builder as builder_mod
+    import gemmc.search.runner as runner_mod
+    monkeypatch.setattr(runner_mod.Runner, "gpu_name", staticmethod(lambda: gpu))
+    monkeypatch.setattr(runner_mod.Runner, "measure",
+                        lambda self, spec, s, arch, kspec=None: Measurement(s, 40.0, None, 50.0))
+    monkeypatch.setattr(builder_mod, "Builder", _InlineBuilder)
+
+
+def _tune_rl(path, shapes_file, capsys):
+    """`gemmc-search tune --strategy rl --budget 1` of `shapes_file`: (exit status, stderr, the schedules it
+    measured for P2, in order). rl's first proposal is its starting policy's best schedule."""
+    from gemmc.search.cli import main
+    with TuningDB(path) as db:
+        before = {r["id"] for r in db.rows()}
+    rc = main(["--db", str(path), "tune", "--shapes", str(shapes_file), "--strategy", "rl", "--budget", "1",
+               "--confirm", "0", "--workers", "1"])
+    err = capsys.readouterr().err
+    with TuningDB(path, create=False) as db:
+        new = [gemmc.Schedule.from_dict(json.loads(r["schedule"])) for r in db.rows() if r["id"] not in before]
+    return rc, err, new
+
+
+def test_tune_rl_starts_from_the_target_gpus_policy(tmp_path, capsys, monkeypatch):
+    from gemmc.search.rl import train_policy_from_db
+    path, shapes = tmp_path / "t.sqlite", tmp_path / "shapes.txt"
+    shapes.write_text(f"{P2.m} {P2.n} {P2.k}\n")
+    cands = _cands(P2)
+    h200, h100 = _small_policy(H200), _small_policy(H100, flip=True)
+    assert h200.best(P2, cands) != h100.best(P2, cands)
+    with TuningDB(path) as db:
+        db.save_policy(h200)
+        db.save_policy(h100)                # the newest: `tune` on the H200 must not start from it
+    for gpu, pol in ((H200, h200), (H100, h100)):
+        _fake_gpu(monkeypatch, gpu)
+        rc, err, measured = _tune_rl(path, shapes, capsys)
+        assert rc == 0 and measured == [pol.best(P2, cands)], err
+    gh200 = "NVIDIA GH200 480GB"
+    _fake_gpu(monkeypatch, gh200)           # no policy of its own, none of unknown GPU, no rows: refused
+    rc, err, measured = _tune_rl(path, shapes, capsys)
+    assert rc == 1 and measured == [] and err.count("\n") == 1
+    assert f"holds no policy for {gh200} or of unknown GPU (its policies are of {H100}, {H200}" in err
+    unknown = _small_policy(None, flip=True)
+    unknown.trained_shapes = 5
+    with TuningDB(path) as db:
+        db.save_policy(unknown)
+        db.save_policy(_small_policy(H200, flip=True))      # newer still, and another GPU's
+    rc, err, measured = _tune_rl(path, shapes, capsys)
+    assert rc == 0 and measured == [unknown.best(P2, cands)], err
+    h20 = "NVIDIA H20"                      # a policy of its own beats the unknown GPU's
+    with TuningDB(path) as db:
+        _record(db, h20, P1, [50.0, 45.0, 40.0])
+        own = train_policy_from_db(db, epochs=3, gpu_name=h20)
+    assert own.best(P2, cands) != unknown.best(P2, cands)
+    _fake_gpu(monkeypatch, h20)
+    rc, err, measured = _tune_rl(path, shapes, capsys)
+    assert rc == 0 and measured == [own.best(P2, cands)], err
+
+
+def test_tune_rl_trains_a_fresh_policy_on_the_target_gpus_rows_when_none_is_stored(tmp_path, capsys, monkeypatch):
+    from gemmc.search.rl import train_policy_from_db
+    path, shapes = tmp_path / "t.sqlite", tmp_path / "shapes.txt"
+    shapes.write_text(f"{P2.m} {P2.n} {P2.k}\n")
+    gh200 = "NVIDIA GH200 480GB"
+    with TuningDB(path) as db:
+        _two_gpu_rows(db)
+        _record(db, gh200, P1, [40.0, 45.0, 50.0])
+        _record(db, gh200, P3, [30.0, 20.0])
+        db.save_policy(_small_policy(H200))
+        fresh = train_policy_from_db(db, gpu_name=gh200, save=False)     # tune's defaults: 60 epochs, seed 0
+    _fake_gpu(monkeypatch, gh200)
+    rc, err, measured = _tune_rl(path, shapes, capsys)
+    assert rc == 0 and measured == [fresh.best(P2, _cands(P2))], err
+    assert f"no policy stored for {gh200}: starting from one trained now on the 2 problems measured on it" in err
+    with TuningDB(path, create=False) as db:
+        assert [p.gpu_name for p in db.policies()] == [H200]          # not stored
+
+
+def test_export_and_import_keep_every_gpus_policy(tmp_path):
+    b = TuningDB(tmp_path / "b.sqlite")
+    b.save_policy(_small_policy(H100))          # an older H100 policy: the export's newer one replaces it
+    a = TuningDB(tmp_path / "a.sqlite")
+    _two_gpu_rows(a)
+    h200, h100, unknown = _small_policy(H200), _small_policy(H100, flip=True), _small_policy(None)
+    for pol in (h200, h100, unknown):
+        a.save_policy(pol)
+    assert a.export(tmp_path / "x.json.gz") == {"measurements": 14, "policies": 3}
+    assert b.import_(tmp_path / "x.json.gz") == {"measurements": 14, "policies": 3}
+    assert [(p.name, p.gpu_name) for p in b.policies()] == [(H100, H100), (H200, H200), ("default", None)]
+    for gpu, pol in ((H200, h200), (H100, h100), ("NVIDIA GH200 480GB", unknown), (None, unknown)):
+        assert _same(b.policy_for(gpu), pol)
+        assert b.policy_stamp(gpu) == a.policy_stamp(gpu)
+    assert b.import_(tmp_path / "x.json.gz") == {"measurements": 0, "policies": 0}    # idempotent
+    c = TuningDB(tmp_path / "c.sqlite")         # a newer local policy is kept
+    newer = _small_policy(H200, flip=True)
+    c.save_policy(newer)
+    assert c.import_(tmp_path / "x.json.gz")["policies"] == 2 and _same(c.policy_for(H200), newer)
+
+
+def test_an_older_single_default_policy_db_works_unchanged(tmp_path):
+    """A schema-3 file (one "default" policy, no GPU column) and an export of it: the policy serves any GPU,
+    read-only and after the migration, and imports as the unknown GPU's policy."""
+    path = tmp_path / "old.sqlite"
+    pol = _small_policy()
+    _schema_v3_file(path, pol)
+    with TuningDB.open_existing(path) as ro:
+        assert [(p.name, p.gpu_name, p.trained_shapes) for p in ro.policies()] == [("default", None, 1)]
+        for gpu in (H200, H100, None):
+            assert _same(ro.policy_for(gpu), pol) and ro.policy_stamp(gpu) == 1000.0
+        ro.export(tmp_path / "old.json.gz")
+    for gpu in (H200, None):
+        d = resolve_auto(ASK, "sm_90a", db=path, gpu_name=gpu)
+        assert (d.source, d.schedule) == ("policy", pol.best(ASK, _cands(ASK)))
+    with TuningDB(path) as db:                  # migrated: the same single "default" policy
+        assert [(p.name, p.gpu_name) for p in db.policies()] == [("default", None)]
+        assert _same(db.policy_for(H100), pol) and _same(db.load_policy(), pol)
+    fresh = TuningDB(tmp_path / "t.sqlite")
+    assert fresh.import_(tmp_path / "old.json.gz") == {"measurements": 1, "policies": 1}
+    assert [(p.name, p.gpu_name) for p in fresh.policies()] == [("default", None)]
+    assert _same(fresh.policy_for(H200), pol)
+
+
+def test_report_lists_each_policy_with_its_gpu(tmp_path, capsys):
+    from gemmc.search.cli import main
+    from gemmc.search.rl import train_policy_from_db
+    path = tmp_path / "t.sqlite"
+    with TuningDB(path) as db:
+        _two_gpu_rows(db)
+        train_policy_from_db(db, epochs=2, gpu_name=H200)
+        train_policy_from_db(db, epochs=2, gpu_name=H100)
+        train_policy_from_db(db, epochs=2)
+    assert main(["--db", str(path), "report"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("rl policies (schedule='auto' and `tune --strategy rl` use the target GPU's, else the unknown "
+                     "GPU's):")
+    v = gemmc.__version__
+    assert lines[at + 1:] == [f"  {H100}: trained on 2 problems (gemmc {v})",
+                              f"  {H200}: trained on 2 problems (gemmc {v})",
+                              f"  unknown GPU: trained on 4 problems (gemmc {v})"]
+    assert main(["--db", str(path), "report", "--json"]) == 0
+    assert isinstance(json.loads(capsys.readouterr().out), list)     # the JSON report is unchanged
 
 
 # ---- gemmc.search exports the simulator --------------------------------------------------------------------

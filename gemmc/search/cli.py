@@ -156,7 +156,7 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="what is tuned, and the paired speed-ups over cuBLAS")
     r.add_argument("--json", action="store_true")
 
-    e = sub.add_parser("export", help="write every measurement and the policy to FILE (gzipped JSON)")
+    e = sub.add_parser("export", help="write every measurement and the policies to FILE (gzipped JSON)")
     e.add_argument("file", help="the file to write, e.g. tuned.json.gz (not the DB itself)")
     i = sub.add_parser("import", help="merge an export into this database")
     i.add_argument("file", help="a file `gemmc-search export` wrote")
@@ -284,10 +284,23 @@ def _print_disqualified(disqualified) -> None:
         print(f"  ... and {n - DISQUALIFIED_SHOWN} more (`gemmc-search export FILE` writes every row with its error)")
 
 
+def _print_policies(policies) -> None:
+    """The stored rl policies, one per GPU (and one of unknown GPU), each with the problems it was trained on."""
+    from .db import policy_name
+    if not policies:
+        return
+    print("rl policies (schedule='auto' and `tune --strategy rl` use the target GPU's, else the unknown GPU's):")
+    for p in policies:
+        name = "" if p.name == policy_name(p.gpu_name) else f" [{p.name}]"
+        print(f"  {p.gpu_name or 'unknown GPU'}{name}: trained on {p.trained_shapes} problems "
+              f"(gemmc {p.gemmc_version})")
+
+
 def cmd_report(args) -> int:
     with _existing_db(args) as db:
         rows = db.best_all()
         disqualified = db.disqualified()
+        policies = db.policies()
         if args.json:
             out = {}
             for d in disqualified:
@@ -304,6 +317,7 @@ def cmd_report(args) -> int:
         if not rows:
             print(_nothing_tuned(db, disqualified))
             _print_disqualified(disqualified)
+            _print_policies(policies)
             return 0
         count = db.count()
     print(f"{db.path}: {count} measurements, {len(rows)} tuned problems")
@@ -331,6 +345,7 @@ def cmd_report(args) -> int:
         print(f"{len(stale)} of the picks rest on measurements of an older gemmc (marked), whose kernels may have "
               f"run at another speed: `gemmc-search tune --budget 1` re-measures them with gemmc {__version__}.")
     _print_disqualified(disqualified)
+    _print_policies(policies)
     return 0
 
 
@@ -359,12 +374,7 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
     from ..spec import GemmSpec
     from .db import ALSO
     from .strategy import SearchProblem, make_strategy, run_search
-    kw = {}
-    if strategy == "rl":
-        kw["policy"] = db.load_policy()
-        if kw["policy"] is None:
-            raise GemmcError(f"{db.path} holds no policy for --strategy rl: tune with another strategy first, or "
-                             "`gemmc-search import` one, or `gemmc-search train-policy`")
+    kw = {"policy": _rl_policy(db, gpu_name, seed, progress)} if strategy == "rl" else {}
     strat = make_strategy(strategy, seed=seed, **kw)
     bar = tqdm(total=len(shapes) * (budget + confirm), desc=f"tune ({strategy})", unit="meas", file=sys.stderr,
                dynamic_ncols=True, disable=not progress)
@@ -401,6 +411,30 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
         summary.append((sh, db.best(spec, arch, gpu_name)))
     bar.close()
     return summary
+
+
+def _rl_policy(db, gpu_name: str, seed: int = 0, say: bool = True):
+    """The policy `tune --strategy rl` starts from: the DB's policy for `gpu_name`, else its policy of unknown
+    GPU (`TuningDB.policy_for`), else a fresh one trained now on the DB's rows of `gpu_name` (not stored:
+    `gemmc-search train-policy --gpu` stores one). Another GPU's policy is never used. GemmcError when there
+    is none and too few rows of `gpu_name` to train one."""
+    from .rl import train_policy_from_db
+    pol = db.policy_for(gpu_name)
+    if pol is not None:
+        return pol
+    try:
+        pol = train_policy_from_db(db, seed=seed, save=False, gpu_name=gpu_name)
+    except ValueError:
+        others = sorted({p.gpu_name for p in db.policies()} - {None, gpu_name})
+        held = f" (its policies are of {', '.join(others)}; another GPU's is not used)" if others else ""
+        raise GemmcError(f"{db.path} holds no policy for {gpu_name} or of unknown GPU{held}, and no problem measured "
+                         f"on {gpu_name} has two or more schedules to train one on: tune with another strategy "
+                         f"first, or `gemmc-search import` one, or `gemmc-search train-policy --gpu NAME`") from None
+    if say:
+        print(f"--strategy rl: no policy stored for {gpu_name}: starting from one trained now on the "
+              f"{pol.trained_shapes} problems measured on it (not stored; `gemmc-search train-policy` stores one)",
+              file=sys.stderr)
+    return pol
 
 
 def _build_and_measure(schedules, spec, kspec, arch, builder, runner, db, gpu_name, label, bar) -> list:

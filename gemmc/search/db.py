@@ -23,8 +23,12 @@ leaves the ranking, `best`, the report's picks and the policy's positives (`disq
 why). A compile failure, a compile timeout or a run error says nothing about the results, and does not.
 
 A saved policy records the GPU whose rows trained it (`policies.gpu_name`, schema 4; NULL when unknown: one
-trained on several GPUs' rows, or saved by an older gemmc), and `schedule="auto"` passes over a policy of
-another GPU than the one it decides for.
+trained on several GPUs' rows, or saved by an older gemmc). The DB keeps one policy per GPU: a policy trained
+for GPU G is stored under the name G, one of unknown GPU under "default", so training for one GPU leaves the
+others' policies alone. `policy_for(gpu)` picks the policy a target GPU uses: the one trained
+for it, else the one of unknown GPU, else none (a policy of another GPU never serves); with no target, the
+"default" one, else the only one, else the newest. `schedule="auto"` and `gemmc-search tune --strategy rl`
+use that choice.
 """
 from __future__ import annotations
 
@@ -82,6 +86,7 @@ CREATE TABLE IF NOT EXISTS policies (
 _COLUMNS = ("problem", "m", "n", "k", "batch", "dtype", "out_dtype", "acc_dtype", "a_layout", "b_layout",
             "epilogue_class", "arch", "gpu_name", "schedule", "time_us", "cublas_us", "compile_s", "error",
             "strategy", "gemmc_version", "created_at", "timing")
+DEFAULT_POLICY = "default"  # the name of a policy of unknown GPU; a GPU's policy is stored under the GPU's name
 _POLICY_COLUMNS = ("name", "blob", "feature_spec", "trained_shapes", "gemmc_version", "created_at", "gpu_name")
 _INSERT_POLICY = (f"INSERT OR REPLACE INTO policies ({', '.join(_POLICY_COLUMNS)}) VALUES "
                   f"({', '.join('?' * len(_POLICY_COLUMNS))})")
@@ -222,6 +227,33 @@ def _policy_gpu(r) -> Optional[str]:
     """The GPU a policy row was trained for; None when unknown, as for a row of a schema-3 or older file
     opened read-only (no such column)."""
     return r["gpu_name"] if "gpu_name" in r.keys() else None
+
+
+def policy_name(gpu_name: Optional[str]) -> str:
+    """The name a policy trained for `gpu_name` is stored under: the GPU's name, or "default" when unknown."""
+    return gpu_name if gpu_name is not None else DEFAULT_POLICY
+
+
+@dataclass(frozen=True)
+class StoredPolicy:
+    """One stored policy, without its weights (`TuningDB.policies`)."""
+    name: str
+    gpu_name: Optional[str]     # the GPU whose rows trained it; None: unknown
+    trained_shapes: Optional[int]
+    gemmc_version: str
+    created_at: float
+
+
+def _choose_policy(stored: list, gpu_name: Optional[str]) -> Optional[StoredPolicy]:
+    """The policy `TuningDB.policy_for(gpu_name)` loads, among `stored` (module docstring)."""
+    def prefer(name):       # the named row first, then the newest (then by name, for a tie)
+        return lambda p: (p.name == name, p.created_at, p.name)
+    if gpu_name is not None:
+        mine = [p for p in stored if p.gpu_name == gpu_name]
+        if mine:
+            return max(mine, key=prefer(gpu_name))
+        stored = [p for p in stored if p.gpu_name is None]
+    return max(stored, key=prefer(DEFAULT_POLICY)) if stored else None
 
 
 def schedule_figures(rows: Iterable) -> list[ScheduleFigure]:
@@ -384,7 +416,7 @@ class TuningDB:
 
     def _migrate(self) -> None:
         """Bring a schema-1, -2 or -3 file up to date (its rows are kept as they are, interleaved; its policy
-        keeps an unknown GPU); a newer file is left alone."""
+        keeps an unknown GPU, and its name "default"); a newer file is left alone."""
         columns = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
         if "timing" not in columns:
             self.conn.execute("ALTER TABLE measurements ADD COLUMN timing TEXT")
@@ -554,21 +586,44 @@ class TuningDB:
     def rows(self) -> list[dict]:
         return [dict(r) for r in self.conn.execute("SELECT * FROM measurements ORDER BY id")]
 
-    # ---- policy weights -------------------------------------------------------------------------
-    def save_policy(self, policy, name: str = "default") -> None:
-        """Store `policy` under `name`, with the GPU it was trained for (its `gpu_name`; None: unknown)."""
+    # ---- policy weights: one per GPU (module docstring) -------------------------------------------
+    def save_policy(self, policy, name: Optional[str] = None) -> None:
+        """Store `policy` with the GPU it was trained for (its `gpu_name`; None: unknown), under `name`; by
+        default the GPU's name ("default" when unknown: `policy_name`), replacing only that GPU's policy."""
+        gpu = getattr(policy, "gpu_name", None)
         with self.conn:
-            self.conn.execute(_INSERT_POLICY, (name, policy.to_bytes(), json.dumps(policy.feature_spec.to_dict()),
-                                               policy.trained_shapes, __version__, time.time(),
-                                               getattr(policy, "gpu_name", None)))
+            self.conn.execute(_INSERT_POLICY, (name if name is not None else policy_name(gpu), policy.to_bytes(),
+                                               json.dumps(policy.feature_spec.to_dict()), policy.trained_shapes,
+                                               __version__, time.time(), gpu))
 
-    def policy_stamp(self, name: str = "default") -> Optional[float]:
-        r = self.conn.execute("SELECT created_at FROM policies WHERE name = ?", (name,)).fetchone()
-        return r[0] if r else None
+    def policies(self) -> list[StoredPolicy]:
+        """The stored policies, without their weights: known GPUs' by name, then those of unknown GPU."""
+        has_gpu = "gpu_name" in {r[1] for r in self.conn.execute("PRAGMA table_info(policies)")}
+        gpu = "gpu_name" if has_gpu else "NULL"     # a schema-3 or older file opened read-only: unknown
+        rows = self.conn.execute(f"SELECT name, {gpu}, trained_shapes, gemmc_version, created_at FROM policies")
+        return sorted((StoredPolicy(*r) for r in rows), key=lambda p: (p.gpu_name is None, p.gpu_name or "", p.name))
 
-    def load_policy(self, name: str = "default"):
-        """The policy saved under `name` (None if none), its `gpu_name` the GPU it was trained for (None:
-        unknown)."""
+    def policy_stamp(self, gpu_name: Optional[str] = None) -> Optional[float]:
+        """When the policy `policy_for(gpu_name)` loads was saved (None if it finds none): a retrain changes it."""
+        p = _choose_policy(self.policies(), gpu_name)
+        return p.created_at if p is not None else None
+
+    def policy_for(self, gpu_name: Optional[str] = None):
+        """The policy for the target GPU `gpu_name`: the one trained for that GPU, else the one of unknown GPU
+        ("default", as older gemmc versions saved it), else None: another GPU's policy never serves. With no
+        target (None): the "default" one, else the only one, else the newest. PolicyLoadError when the chosen
+        one cannot be loaded."""
+        p = _choose_policy(self.policies(), gpu_name)
+        return self.load_policy(p.name) if p is not None else None
+
+    def load_policy(self, name: Optional[str] = None):
+        """The policy saved under `name` (None if none; with no name, `policy_for(None)`'s), its `gpu_name` the
+        GPU it was trained for (None: unknown)."""
+        if name is None:
+            p = _choose_policy(self.policies(), None)
+            if p is None:
+                return None
+            name = p.name
         r = self.conn.execute("SELECT * FROM policies WHERE name = ?", (name,)).fetchone()
         if r is None:
             return None
@@ -647,7 +702,8 @@ class TuningDB:
 
     def import_(self, path) -> dict:
         """Merge an export: measurements already present (same problem, GPU, schedule, time, timestamp)
-        are skipped; a policy replaces the local one of its name only if it is newer."""
+        are skipped; a policy replaces the local one of its name only if it is newer, so each GPU's policy
+        (and the one of unknown GPU) is merged on its own."""
         return self.merge_export(self.read_export(path))
 
     def merge_export(self, data: dict) -> dict:
@@ -663,10 +719,12 @@ class TuningDB:
                 added += 1
             pols = 0
             for p in data.get("policies", []):
-                cur = self.policy_stamp(p["name"])
-                if cur is None or p["created_at"] > cur:
-                    self.conn.execute(_INSERT_POLICY, (p["name"], base64.b64decode(p["blob"]), p["feature_spec"],
+                gpu = p.get("gpu_name")         # absent from exports of schema 3 and older: unknown
+                name = p["name"]
+                cur = self.conn.execute("SELECT created_at FROM policies WHERE name = ?", (name,)).fetchone()
+                if cur is None or p["created_at"] > cur[0]:
+                    self.conn.execute(_INSERT_POLICY, (name, base64.b64decode(p["blob"]), p["feature_spec"],
                                                        p["trained_shapes"], p["gemmc_version"], p["created_at"],
-                                                       p.get("gpu_name")))
+                                                       gpu))
                     pols += 1
         return {"measurements": added, "policies": pols}

@@ -12,8 +12,10 @@ after each observation a copy is fine-tuned on that shape's measurements (anchor
 weights) and the best-scoring unmeasured schedules are proposed next.
 
 A policy trained from the tuning DB learns from one GPU's rows (`train_policy_from_db(gpu_name=...)`: the
-GPU being tuned on, or the one `gemmc-search train-policy --gpu` names) and records it in `gpu_name`, so
-`schedule="auto"` uses it only on that GPU (or where either GPU is unknown).
+GPU being tuned on, or the one `gemmc-search train-policy --gpu` names) and records it in `gpu_name`; the DB
+keeps one policy per GPU (retraining for one GPU leaves the others' alone), and `TuningDB.policy_for` gives a
+target GPU its own policy, else the one of unknown GPU, else none. `schedule="auto"` and the rl strategy
+(`gemmc-search tune --strategy rl`, or `RLStrategy()` reading the default DB for the target GPU) start from it.
 """
 from __future__ import annotations
 
@@ -172,15 +174,18 @@ class RLStrategy(BaseStrategy):
     def __init__(self, seed: int = 0, policy: Optional[SchedulePolicy] = None, finetune_steps: int = 25,
                  finetune_lr: float = 1e-3, anchor: float = 1e-2):
         super().__init__(seed)
-        if policy is None:
+        gpu = None
+        if policy is None:      # the default DB's policy for the target GPU (GEMMC_GPU, else the visible one)
+            from ..pretuned import target_gpu
             from .db import TuningDB, default_path
-            path = default_path()
+            path, gpu = default_path(), target_gpu()
             if path.is_file():      # read-only: looking for a policy must not create a DB
                 with TuningDB(path, create=False) as db:
-                    policy = db.load_policy()
+                    policy = db.policy_for(gpu)
         if policy is None:
-            raise ValueError("the rl strategy needs a trained policy: tune some shapes with another strategy, "
-                             "then `gemmc-search train-policy` (or pass policy=)")
+            of = f" for {gpu} (or of unknown GPU)" if gpu is not None else ""
+            raise ValueError(f"the rl strategy needs a trained policy{of}: tune some shapes with another strategy, "
+                             f"then `gemmc-search train-policy` (or pass policy=)")
         self.base = policy
         self.finetune_steps = finetune_steps
         self.finetune_lr = finetune_lr
@@ -271,7 +276,8 @@ def trained_for(examples: Sequence[ShapeExamples], gpu_name: Optional[str] = Non
 def train_policy_from_db(db, epochs: int = 60, seed: int = 0, save: bool = True,
                          gpu_name: Optional[str] = None) -> SchedulePolicy:
     """Train on the DB's rows of `gpu_name` (None: every GPU's) and, with `save`, store the policy with the
-    GPU it was trained for (`trained_for`). ValueError when no problem has two or more measured schedules."""
+    GPU it was trained for (`trained_for`), replacing that GPU's policy only (the DB keeps one per GPU).
+    ValueError when no problem has two or more measured schedules."""
     examples = examples_from_db(db, gpu_name)
     pol = train_policy(examples, epochs=epochs, seed=seed)
     pol.gpu_name = trained_for(examples, gpu_name)
