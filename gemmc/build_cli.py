@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import sys
 
-from .cli import SCHEDULE_FLAGS, add_problem_and_schedule_args, schedule_from_args
-from .errors import GemmcError, ScheduleError
+from .cli import add_problem_and_schedule_args, schedule_from_args
+from .errors import GemmcError
 from .output_file import check_output_file, make_parent
 
 
@@ -46,19 +46,15 @@ def run_build(args) -> int:
         ptx_dest = check_output_file(args.ptx, f"--ptx {args.ptx}", "kernel.ptx")
     # with the PTX on stdout, the status lines go to stderr: `gemmc build ... --ptx - > k.ptx` is PTX alone
     status = sys.stderr if args.ptx == "-" else sys.stdout
-    from .compiler import as_cache_dir, choose_schedule, compile
+    from .compiler import as_cache_dir, compile
     from .spec import GemmSpec
 
     # every kernel (each M bucket's too) goes into --cache-dir, and `auto` reads the tuning DB there
     cache_dir = as_cache_dir(args.cache_dir, flag="--cache-dir") if args.cache_dir else None
     spec = GemmSpec(m=args.m, n=args.n, k=args.k, batch=args.batch, dtype=args.dtype, out_dtype=args.out_dtype,
                     acc_dtype=args.acc_dtype, a_layout=args.a_layout, b_layout=args.b_layout, name=args.name)
-    if cache_dir is not None and args.schedule == "auto" and any(getattr(args, f) is not None for f in SCHEDULE_FLAGS):
-        try:        # the flags edit auto's pick from that cache's tuning DB, not the default one's
-            args.schedule = choose_schedule(spec, "auto", args.arch, cache_dir=cache_dir)
-        except ScheduleError:
-            pass    # schedule_from_args edits the default schedule instead, as without --cache-dir
-    schedule, _ = schedule_from_args(args, spec)      # flags edit the --schedule pick, as in `gemmc compile`
+    # flags edit the --schedule pick, as in `gemmc compile`; auto's from that cache's tuning DB
+    schedule, _ = schedule_from_args(args, spec, cache_dir=cache_dir)
     k = compile(spec, schedule=schedule, arch=args.arch, cache_dir=cache_dir)
     if k.schedule is None:          # auto on a problem no kernel takes (compiler.CublasOnlyGemm)
         if args.ptx:                # asked for a file that will not exist: a script must not read on

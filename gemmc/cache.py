@@ -464,10 +464,13 @@ class KernelCache:
 _DEFAULT: dict[str, KernelCache] = {}
 
 
+def cache_at(root: os.PathLike) -> KernelCache:
+    """The process-wide cache at `root` (one per folder, so compiles into it share its in-memory hits)."""
+    root = str(root)
+    c = _DEFAULT.get(root)
+    return c if c is not None else _DEFAULT.setdefault(root, KernelCache(root))
+
+
 def default_cache() -> KernelCache:
     """The process-wide cache for the current `GEMMC_CACHE_DIR` (re-read so tests can redirect it)."""
-    root = str(default_cache_dir())
-    c = _DEFAULT.get(root)
-    if c is None:
-        c = _DEFAULT[root] = KernelCache(root)
-    return c
+    return cache_at(default_cache_dir())

@@ -97,10 +97,11 @@ def add_problem_and_schedule_args(p) -> None:
                           "shares per cluster; for shapes whose tiles would leave SMs idle in a partial wave")
 
 
-def schedule_from_args(args, spec):
+def schedule_from_args(args, spec, cache_dir=None):
     """(schedule= for gemmc.compile, the pick the flags edited or None). No schedule flag: the --schedule
     choice itself. Otherwise that choice resolved for `spec` with the flagged fields replaced; with a symbolic
-    M, auto resolves (as it does before its per-M buckets) to the heuristic's pick for the symbolic shape."""
+    M, auto resolves (as it does before its per-M buckets) to the heuristic's pick for the symbolic shape.
+    `cache_dir`: the cache whose tuning DB auto reads (`gemmc build --cache-dir`)."""
     from .compiler import choose_schedule
     from .schedule import default_schedule
 
@@ -108,7 +109,7 @@ def schedule_from_args(args, spec):
     if not knobs:
         return args.schedule, None
     try:
-        base = choose_schedule(spec, args.schedule, args.arch)
+        base = choose_schedule(spec, args.schedule, args.arch, cache_dir=cache_dir)
     except ScheduleError:
         # nothing in the heuristic's space fits this problem: the flags edit the default, and its check says why
         base = default_schedule(args.arch)
@@ -143,7 +144,8 @@ def _bucket_runs(table):
         else:
             runs.append((lo, b, d))
         lo = b + 1
-    return [(f"{lo}.." if i == len(runs) - 1 else f"{lo}..{hi}", d) for i, (lo, hi, d) in enumerate(runs)]
+    from .m_buckets import range_label
+    return [(range_label(lo, None if i == len(runs) - 1 else hi), d) for i, (lo, hi, d) in enumerate(runs)]
 
 
 def run_compile(args) -> int:

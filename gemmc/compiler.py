@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 import warnings
 from pathlib import Path
 from typing import Optional, Union
@@ -88,21 +87,6 @@ def as_cache_dir(cache_dir, flag: str = "") -> Path:
         raise SpecError(f"{said}: {root} is a file, not a folder; pass a folder (made on the first build if "
                         f"missing), or leave {left_out} out to use GEMMC_CACHE_DIR (default ~/.cache/gemmc)")
     return root
-
-
-_CACHES: dict = {}
-_CACHES_LOCK = threading.Lock()
-
-
-def _kernel_cache(root: Path):
-    """The KernelCache at `root`, one per folder and process (as gemmc.cache.default_cache keeps one), so
-    compiles into the same cache_dir share its in-memory hits."""
-    from .cache import KernelCache
-    with _CACHES_LOCK:
-        c = _CACHES.get(root)
-        if c is None:
-            c = _CACHES[root] = KernelCache(root)
-        return c
 
 
 def _tuning_db(cache_dir: Optional[Path]) -> Optional[Path]:
@@ -186,7 +170,8 @@ class CompiledGemm:
     def kernel(self):
         """The backend kernel (gemmc.compiled.CompiledKernel), keyed in the cache by the final kernel IR."""
         from .compiled import CompiledKernel
-        cache = _kernel_cache(self.cache_dir) if self.cache_dir is not None else None
+        from .cache import cache_at
+        cache = cache_at(self.cache_dir) if self.cache_dir is not None else None
         return CompiledKernel(self.emitted, material=self._ir_after[self.passes[-1]], plan=self.plan,
                               spec=self.spec, schedule=self.schedule, signature=self.signature, cache=cache)
 

@@ -36,6 +36,7 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from . import __version__
 from .pretuned import target_gpu
 from .schedule import Schedule, default_schedule, enumerate_schedules, is_valid
 from .spec import GemmSpec
@@ -142,7 +143,6 @@ def _failed_here(tdb, conc: GemmSpec, arch: str, gpu: str) -> dict:
     """{Schedule: why} of the schedules that cannot run on the requested problem itself, by its own rows on
     `gpu`: those that failed their check there (the DB's verdict disqualifies them) and those whose latest
     row of the running gemmc version is a failure (to build, or to run)."""
-    from . import __version__
     out = {q.schedule: f"failed its check on this problem: {q.error}" for q in tdb.disqualified(conc, arch, gpu)}
     for m in tdb.prior(conc, arch, gpu, version=__version__):
         if not m.ok:
@@ -161,13 +161,9 @@ def _neighbour_unusable(tdb, conc: GemmSpec, arch: str, e, here: dict) -> Option
         here[e.gpu_name] = _failed_here(tdb, conc, arch, e.gpu_name)
     if e.schedule in here[e.gpu_name]:
         return here[e.gpu_name][e.schedule]
-    if not e.stale:
-        return None
-    from . import __version__
-    # as in `_unusable`: a stale figure has no successful row of the running version, so any is a failure
     there = conc.with_dims(m=e.fields["m"], n=e.fields["n"], k=e.fields["k"])
-    failed = [m for m in tdb.prior(there, arch, e.gpu_name, version=__version__) if m.schedule == e.schedule]
-    return f"gemmc {__version__} failed it on {_shape_of(e)}: {failed[0].error}" if failed else None
+    failed = _stale_pick_failure(tdb, there, arch, e)
+    return f"gemmc {__version__} failed it on {_shape_of(e)}: {failed.error}" if failed else None
 
 
 def _first_usable_neighbour(tdb, conc: GemmSpec, arch: str, near: list, whys: dict, here: dict, passed: list):
@@ -290,7 +286,6 @@ def _stale_note(e) -> str:
     """Says so when the pick rests on an older gemmc's rows, whose kernels may have run at another speed."""
     if not e.stale:
         return ""
-    from . import __version__
     return (f"; rows of gemmc {e.version}, older than this {__version__}: `gemmc-search tune --budget 1` "
             f"re-measures them")
 
@@ -427,9 +422,15 @@ def _unusable(tdb, conc: GemmSpec, arch: str, e) -> Optional[str]:
     """Why this gemmc cannot run the DB's pick `e` for `conc`; None when it can."""
     if not is_valid(e.schedule, conc):
         return "not valid for this problem under this gemmc"
+    failed = _stale_pick_failure(tdb, conc, arch, e)
+    return f"gemmc {__version__} failed it: {failed.error}" if failed else None
+
+
+def _stale_pick_failure(tdb, spec: GemmSpec, arch: str, e):
+    """A row of the running gemmc that failed the DB pick `e` on `spec`, when `e`'s figure rests on an older
+    gemmc's rows (such a figure has no successful row of the running version: any such row is a failure);
+    else None."""
     if not e.stale:
         return None
-    from . import __version__
-    # a stale figure has no successful row of the running version: any such row is a failure
-    failed = [m for m in tdb.prior(conc, arch, e.gpu_name, version=__version__) if m.schedule == e.schedule]
-    return f"gemmc {__version__} failed it: {failed[0].error}" if failed else None
+    return next((m for m in tdb.prior(spec, arch, e.gpu_name, version=__version__) if m.schedule == e.schedule),
+                None)

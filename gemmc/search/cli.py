@@ -653,21 +653,19 @@ def cmd_import(args) -> int:
 def cmd_train_policy(args) -> int:
     from ..pretuned import target_gpu
     from .db import TuningDB
-    from .rl import examples_from_db, train_policy, trained_for
+    from .rl import train_policy_from_db
     gpu = target_gpu(args.gpu)      # --gpu, else GEMMC_GPU, else the visible GPU; None: every GPU's rows
     with _existing_db(args) as db:
-        examples = examples_from_db(db, gpu)
-        gpus = db.gpus()
-    if not examples:
-        of = "" if gpu is None else f" measured on {gpu}"
-        others = [g for g in gpus if g != gpu] if gpu is not None else []
-        hint = (f"; the DB holds rows of {', '.join(repr(g) for g in others)}: name one with --gpu" if others
-                else "")
-        raise GemmcError(f"{db.path}: no problem{of} has two or more measured schedules, so there is nothing to "
-                         f"rank; tune some shapes first (`gemmc-search tune`) or `gemmc-search import` "
-                         f"measurements{hint}")
-    pol = train_policy(examples, epochs=args.epochs, seed=args.seed)
-    pol.gpu_name = trained_for(examples, gpu)
+        try:
+            pol = train_policy_from_db(db, epochs=args.epochs, seed=args.seed, save=False, gpu_name=gpu)
+        except ValueError:          # no problem of that GPU has two or more measured schedules
+            of = "" if gpu is None else f" measured on {gpu}"
+            others = [g for g in db.gpus() if g != gpu] if gpu is not None else []
+            hint = (f"; the DB holds rows of {', '.join(repr(g) for g in others)}: name one with --gpu" if others
+                    else "")
+            raise GemmcError(f"{db.path}: no problem{of} has two or more measured schedules, so there is nothing "
+                             f"to rank; tune some shapes first (`gemmc-search tune`) or `gemmc-search import` "
+                             f"measurements{hint}") from None
     with TuningDB(db.path) as out:      # opened for writing only to store the policy
         out.save_policy(pol)
     print(f"trained the policy on {pol.trained_shapes} problems measured on {pol.gpu_name or 'several GPUs'}; "

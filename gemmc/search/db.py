@@ -620,10 +620,7 @@ class TuningDB:
         """The policy saved under `name` (None if none; with no name, `policy_for(None)`'s), its `gpu_name` the
         GPU it was trained for (None: unknown)."""
         if name is None:
-            p = _choose_policy(self.policies(), None)
-            if p is None:
-                return None
-            name = p.name
+            return self.policy_for(None)
         r = self.conn.execute("SELECT * FROM policies WHERE name = ?", (name,)).fetchone()
         if r is None:
             return None
