@@ -43,7 +43,8 @@ def main() -> int:
         print(f"#   M={m:<5} runs {describe(decision)}")
 
     # 2. steer: the same kernel with a schedule of your own; the final IR shows what it became
-    mine = gemmc.Schedule(tile=(128, 128, 64), cluster=(1, 2), mode="cooperative", stages=4, raster="n")
+    mine = gemmc.Schedule(tile=(128, 128, 64), cluster=(1, 2), mode="cooperative", stages=4, raster="n",
+                          arch=args.arch)
     explicit = gemmc.compile(scaled_residual, schedule=mine, arch=args.arch)
     print(f"\n# explicit: {explicit.schedule.short()}, "
           f"{explicit.plan.pipeline.smem_bytes} B shared memory, {explicit.plan.threads} threads")
@@ -51,7 +52,7 @@ def main() -> int:
     print(explicit.ir(after=explicit.passes[-1]))
 
     # 3. an invalid schedule is refused by the validity predicate, before any pass, build or launch
-    too_deep = gemmc.Schedule(tile=(128, 256, 64), cluster=(1, 2), mode="cooperative", stages=6)
+    too_deep = gemmc.Schedule(tile=(128, 256, 64), cluster=(1, 2), mode="cooperative", stages=6, arch=args.arch)
     print(f"# check_schedule({too_deep.short()}) -> {len(gemmc.check_schedule(too_deep, scaled_residual.spec))} "
           "violation(s)")
     try:

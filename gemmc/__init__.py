@@ -18,8 +18,16 @@ from .dsl import Kernel, Scalar, Tensor, clamp, gelu, kernel, relu, sigmoid, sil
 _COMPILER_NAMES = ("compile", "lower", "CompiledGemm")
 
 
+# `gemmc.nn` (modules for PyTorch models) and `gemmc.torch_ops` (the torch.library ops) import torch, so they
+# too are imported on first use.
+_SUBMODULES = ("nn", "torch_ops")
+
+
 def __getattr__(name):
     if name in _COMPILER_NAMES:
         from . import compiler
         return getattr(compiler, name)
+    if name in _SUBMODULES:
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'gemmc' has no attribute {name!r}")

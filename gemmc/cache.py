@@ -7,8 +7,8 @@ An entry is built in a private temp dir and published with one `os.replace` of t
 Published entries are as readable as the umask allows (a cache built by CI is read by other accounts), and
 reading one takes no lock and no write access.
 An entry whose manifest is missing, or whose kernel.so is missing or fails its hash, is treated as absent
-(and rebuilt), never loaded. kernel.ptx and kernel.py are not needed to run: an entry missing one of them
-still runs, and is rebuilt where a compiler is at hand.
+(and rebuilt, with a warning naming it), never loaded. kernel.ptx and kernel.py are not needed to run: an
+entry missing one of them still runs, and is rebuilt (with that warning) where a compiler is at hand.
 
 `<root>/runtime-libs/<sha256 of libcute_dsl_runtime.so>/<nvidia-cutlass-dsl version>` records, per build,
 which compiler version shipped each runtime library: a runtime-only host (the library without package
@@ -27,6 +27,7 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -37,6 +38,7 @@ MANIFEST = "manifest.json"
 FORMAT_VERSION = 1          # bump when the entry layout changes
 RUNTIME_LIBS = "runtime-libs"
 STALE_S = 3600              # a staging dir this old whose key no builder holds was left by a killed build
+NO_ENTRY = "no such entry"  # KernelCache.inspect's reason for a key never built here
 
 DSL = "nvidia-cutlass-dsl"
 # A pip install of the runtime part alone has these, at the meta-distribution's version (which holds no files).
@@ -286,7 +288,7 @@ class KernelCache:
             files = manifest["files"]
             so = files["kernel.so"]
         except (FileNotFoundError, NotADirectoryError):
-            return None, ("no such entry" if not d.exists() else
+            return None, (NO_ENTRY if not d.exists() else
                           f"{MANIFEST} is missing (an unfinished or damaged entry)")
         except PermissionError:
             return None, ("cannot read it: permission denied (another account built it: ask its owner to "
@@ -453,8 +455,11 @@ class KernelCache:
             return f"to build {key}: " + (self.inspect(key)[1] or "; ".join(art.defects if art else ()))
 
         with self._locked(key, needed_for):
-            art = self._read_entry(key)          # someone may have built it while we waited
+            art, why = self.inspect(key)          # someone may have built it while we waited
             if art is None or art.defects:
+                if art is not None or why != NO_ENTRY:      # there, but damaged or incomplete: say so
+                    warnings.warn(f"gemmc: the cache entry {self.entry_dir(key)} is damaged "
+                                  f"({why or '; '.join(art.defects)}); rebuilding it", stacklevel=3)
                 art = self._build(key, builder)
         with self._mutex:
             self._memory[key] = art

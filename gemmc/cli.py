@@ -3,7 +3,8 @@
     gemmc compile --m 4096 --n 4096 --k 4096 --dtype bf16 --arch sm_90a [--schedule auto|heuristic]
                   [--tile 128x128x64 --cluster 2x1 --mode pingpong ...]
                   [--print-ir-after-all | --print-ir-after PASS] [--emit ir|source]
-    gemmc opt FILE.mlir -p assign-warpgroup-roles,tma-cluster-layout,pipeline-staging,verify-resources
+    gemmc opt FILE -p assign-warpgroup-roles,tma-cluster-layout,pipeline-staging,verify-resources [-o OUT]
+                  (FILE: MLIR text, whatever its name; - or none: stdin; -o -: stdout)
 
 Schedule flags (--tile ...) replace those fields of the --schedule pick for the problem; the other fields keep
 the pick's values.
@@ -17,11 +18,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 from xdsl.xdsl_opt_main import xDSLOptMain
 
 from .errors import GemmcError, ScheduleError
+from .output_file import check_output_file, make_parent
 
 SUBCOMMANDS: dict[str, str] = {
     "build": "gemmc.build_cli",
@@ -219,6 +222,21 @@ class GemmcOptMain(xDSLOptMain):
         for name, cls in PASSES.items():
             self.register_pass(name, lambda cls=cls: cls)
 
+    def get_input_stream(self):
+        # gemmc IR is MLIR text whatever the file is called (--frontend still picks another reader); "-" is stdin
+        if self.args.input_file in (None, "-"):
+            return sys.stdin.buffer, "mlir"
+        return open(self.args.input_file, "rb"), "mlir"
+
+    def get_input_name(self):
+        return "stdin" if self.args.input_file in (None, "-") else self.args.input_file
+
+    def prepare_output(self):
+        if self.args.output_file in (None, "-"):
+            return sys.stdout
+        make_parent(Path(self.args.output_file), f"-o {self.args.output_file}")
+        return open(self.args.output_file, "w")
+
 
 def add_opt_parser(sub) -> None:
     p = sub.add_parser("opt", help="run gemmc passes over an IR file (xdsl-opt)", add_help=False,
@@ -235,10 +253,13 @@ def run_opt(args) -> int:
         if "Unrecognized passes" not in str(e):
             raise
         raise GemmcError(f"{e}; gemmc's passes are {', '.join(PIPELINE)} (-p takes them comma-separated)") from None
+    out = opt.args.output_file
+    if out not in (None, "-"):      # refused before any pass runs (gemmc/output_file.py's rule)
+        opt.args.output_file = str(check_output_file(out, f"-o {out}", "out.mlir"))
     try:
         opt.run()
     except OSError as e:        # the input file (or -o's) cannot be opened
-        raise GemmcError(f"cannot open {e.filename}: {e.strerror}; pass an existing .mlir file (or - for stdin)") \
+        raise GemmcError(f"cannot open {e.filename}: {e.strerror}; pass an existing IR file (or - for stdin)") \
             from None
     return 0
 
@@ -248,6 +269,8 @@ def run_opt(args) -> int:
 def make_parser(debug_errors: Optional[list] = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gemmc", description="gemmc: a GEMM kernel compiler for NVIDIA GPUs")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"gemmc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_compile_parser(sub)
     add_opt_parser(sub)

@@ -9,6 +9,7 @@ Loading a cached kernel never imports `cutlass`; only a cache miss (or a corrupt
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 from .backends import EmittedKernel
@@ -89,6 +90,7 @@ class CompiledKernel:
                              "it: it has no CuTe DSL compiler (nvidia-cutlass-dsl). Build it again on a machine "
                              "that has (`gemmc build`, same problem and schedule, or `.build()`) and copy the "
                              f"cache ({self.cache.root}) here") from error
+        warnings.warn(f"gemmc: the cache entry {art.directory} is damaged ({error}); rebuilding it", stacklevel=3)
         self.cache.invalidate(art.key)
         self._artifact = None
         art = self.build()

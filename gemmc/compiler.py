@@ -26,7 +26,7 @@ from .ir.plan import KernelPlan
 from .m_buckets import BUCKETS, M_BUCKETS, MBuckets, range_label, runtime_m
 from .passes import PIPELINE, pass_pipeline
 from .schedule import Schedule, alignment_violations, require_valid
-from .spec import GemmSpec
+from .spec import GemmSpec, Ref
 from .types import as_arch
 
 SCHEDULE_CHOICES = ("auto", "heuristic")
@@ -46,11 +46,18 @@ def choose_schedule(spec: GemmSpec, schedule: Union[str, Schedule, dict], arch: 
                     cache_dir: Optional[os.PathLike] = None) -> Schedule:
     """Resolve `schedule=` to a concrete Schedule for `arch` (not yet checked for validity). `cache_dir`:
     the cache whose tuning DB "auto" reads (see `compile`)."""
-    if isinstance(schedule, dict):
-        schedule = Schedule.from_dict(schedule)
+    if isinstance(schedule, dict):      # a dict that names no arch takes the explicit one
+        schedule = Schedule.from_dict(schedule if arch is None or "arch" in schedule
+                                      else {**schedule, "arch": as_arch(arch)})
     if isinstance(schedule, Schedule):
-        # an explicit arch wins over the Schedule's default one
-        return schedule if arch is None or as_arch(arch) == schedule.arch else schedule.with_(arch=as_arch(arch))
+        # a Schedule always carries an arch (default sm_90a): an explicit arch= that differs contradicts it
+        if arch is not None and as_arch(arch) != schedule.arch:
+            want = as_arch(arch)
+            raise SpecError(f"compile(arch={want!r}) contradicts the schedule's arch {schedule.arch!r} (a "
+                            f"gemmc.Schedule carries its arch, default 'sm_90a'): build it for that arch, "
+                            f"Schedule(..., arch={want!r}) or schedule.with_(arch={want!r}), or leave arch= out "
+                            f"to compile for {schedule.arch!r}")
+        return schedule
     if schedule not in SCHEDULE_CHOICES:
         raise SpecError(f"schedule={schedule!r}; use 'auto', 'heuristic' or a gemmc.Schedule(...)")
     arch = as_arch(arch or "sm_90a")
@@ -142,16 +149,20 @@ class CompiledGemm:
         self.m_buckets = None       # set by compile() for a symbolic-M "auto" kernel (gemmc/m_buckets.py)
         self._fallback = None       # the torch.matmul route of calls no kernel takes (auto, plain GEMMs)
         self._fallback_warned = False
+        self._routes = None         # {runtime M: the callable it runs}: the call path's table (see __call__)
+        self._m_axis = -2 if spec.a_layout == "mk" else -1      # where A's shape holds M
 
     def __repr__(self) -> str:
         return f"<gemmc.CompiledGemm {self.spec.name} {self.arch} {self.schedule.short()}>"
 
     def ir(self, after: Optional[str] = None) -> str:
-        """IR text: the gemm-level input (after=None) or the module after pass `after`."""
-        if after is None:
+        """IR text: the gemm-level input (after=None, or "input" as `gemmc compile --print-ir-after` names it)
+        or the module after pass `after` (one of `passes`)."""
+        if after is None or after == "input":
             return self._input_ir
         if after not in self._ir_after:
-            raise ValueError(f"no pass named {after!r}; passes: {', '.join(self.passes)}")
+            raise SpecError(f"ir(after={after!r}): no such pass; use one of: input, {', '.join(self.passes)} "
+                            "(input, or None: the IR before any pass)")
         return self._ir_after[after]
 
     # -- the kernel: everything below needs the backend and is built on first use --
@@ -223,13 +234,32 @@ class CompiledGemm:
         return self.kernel.launcher
 
     def __call__(self, *args, **kwargs):
+        # The fast path: the route of each runtime M seen before (the bucket's launcher, or the cuBLAS route)
+        # is one dict lookup away; everything else (the first call at an M, a named A, an empty A) takes
+        # _call_resolving, which fills the table.
+        routes = self._routes
+        if routes is not None:
+            try:
+                run = routes[args[self._a_arg[0]].shape[self._m_axis]]
+            except (KeyError, IndexError, AttributeError, TypeError):
+                run = None
+            if run is not None:
+                try:
+                    return run(*args, **kwargs)
+                except LaunchError as e:
+                    return self._after_refusal(e, args, kwargs)
+        return self._call_resolving(args, kwargs)
+
+    def _call_resolving(self, args, kwargs):
         self._need_kernel("calling the kernel")     # also where "auto" would run torch.matmul: one rule
         try:
             return self._call(args, kwargs)
         except LaunchError as e:
-            if self.decision is None or self.spec.has_epilogue:
-                raise
-            refused = e
+            return self._after_refusal(e, args, kwargs)
+
+    def _after_refusal(self, refused: LaunchError, args, kwargs):
+        if self.decision is None or output_casts(self.spec) is None:     # an epilogue only a kernel runs
+            raise refused
         # `auto` on a plain GEMM: a call no kernel takes (a dim or stride off 16-byte alignment, a batch past a
         # grid limit) runs torch.matmul behind the spec's checks, which still refuse a wrong dtype or shape
         if self._fallback is None:
@@ -242,22 +272,79 @@ class CompiledGemm:
         if not self._fallback_warned:       # once per compiled GEMM, for a call torch.matmul did run
             self._fallback_warned = True
             warnings.warn(f"gemmc: {self.spec.name}: `auto` runs torch.matmul for calls no gemmc kernel takes "
-                          f"({refused})", PerformanceWarning, stacklevel=2)
+                          f"({refused})", PerformanceWarning, stacklevel=3)
         return result
 
-    def _call(self, args, kwargs):
+    def _route_of(self, m: Optional[int]):
+        """The callable a call with M rows runs (a launcher, or the cuBLAS route). None: M has no route of its
+        own (an empty A, or no A found), and the call takes the default path."""
         if self.m_buckets is not None:          # symbolic M under "auto": the choice follows the runtime M
-            position, name = self._a_arg
-            a = args[position] if len(args) > position else kwargs.get(name)
-            m = runtime_m(self.spec, (a,), {})
-            if m is not None and m >= 1:        # an empty A (M = 0) has no bucket: the default path takes it
-                decision, kernel = self.m_buckets.route(m)
-                if kernel is None:
-                    return self.cublas_route(*args, **kwargs)
-                return kernel.launcher(*args, **kwargs)     # the bucket's kernel (may be this one)
+            if m is None or m < 1:              # an empty A (M = 0) has no bucket: the default path takes it
+                return None
+            _, kernel = self.m_buckets.route(m)
+            return self.cublas_route if kernel is None else kernel.launcher     # the bucket's (may be this one)
         if self.decision is not None and self.decision.use_cublas:
-            return self.cublas_route(*args, **kwargs)
-        return self.launcher(*args, **kwargs)
+            return self.cublas_route
+        return self.launcher
+
+    def _remember_route(self, m: int, run) -> None:
+        routes = self._routes
+        if routes is None:
+            routes = self._routes = {}
+        elif len(routes) >= 4096:      # a serving loop sees many distinct M: keep the table bounded
+            routes.clear()
+        routes[m] = run
+
+    def _call(self, args, kwargs):
+        position, name = self._a_arg
+        a = args[position] if len(args) > position else kwargs.get(name)
+        m = runtime_m(self.spec, (a,), {})
+        return self.runner_for(m)(*args, **kwargs)
+
+    def runner_for(self, m: Optional[int]):
+        """What a call with M rows runs: the kernel's launcher (a runtime.Launcher, which takes the call's
+        arguments), or the cuBLAS route (a CublasRoute). Callers that know M already (gemmc.torch_ops) call it
+        directly; calls through the object itself reach it once per M. None or M < 1: the default path."""
+        routes = self._routes
+        run = routes.get(m) if routes is not None else None
+        if run is not None:
+            return run
+        self._need_kernel("calling the kernel")
+        run = self._route_of(m)
+        if run is None:
+            return self.cublas_route if self.decision is not None and self.decision.use_cublas else self.launcher
+        if m is not None and m >= 1:
+            self._remember_route(m, run)
+        return run
+
+    def prepare(self, ms) -> list:
+        """Make calls with these row counts launch with nothing left to do first: build (or find in the cache)
+        the kernel of each M's bucket, load it where a GPU is visible, and set up its route. Run it before
+        capturing a CUDA graph: a capture cannot build or load a kernel. Returns [(M, what runs it)], where
+        what runs it is a schedule's short name or "torch.matmul". On a host without a GPU it only builds."""
+        self._need_kernel("prepare()")
+        wanted = list(ms)
+        for m in wanted:
+            if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+                raise SpecError(f"prepare(): row counts must be ints >= 1, got {m!r}")
+            if isinstance(self.spec.m, int) and m != self.spec.m:
+                raise SpecError(f"prepare(): {self.spec.name} was compiled for a static M = {self.spec.m}, so "
+                                f"calls cannot have M = {m}; compile with a symbolic M (e.g. m='M')")
+        from .runtime import visible_arch
+        load = visible_arch() is not None
+        done = []
+        for m in wanted:
+            _, kernel = self.for_m(m)
+            if kernel is None:
+                run, what = self.cublas_route, "torch.matmul"
+            else:
+                kernel.kernel.build()
+                run, what = kernel.launcher, kernel.schedule.short()
+                if load:
+                    run.function       # loads the .so now, not during a capture
+            self._remember_route(m, run)
+            done.append((m, what))
+        return done
 
     def for_m(self, m: int):
         """What a call with M rows runs: (Decision, CompiledGemm or None for torch.matmul). Only a
@@ -267,15 +354,51 @@ class CompiledGemm:
         return self.m_buckets.route(m)
 
 
+def output_casts(spec: GemmSpec) -> Optional[tuple]:
+    """The roundings a torch.matmul route applies to the f32 product, in order, the last to `out_dtype`: ()
+    for a plain GEMM, and a spec whose epilogue only casts the accumulator (an output dtype of its own, a
+    chain of casts) has them. None: the epilogue computes something (or reads an input), which only a
+    kernel runs."""
+    if spec.inputs:
+        return None
+    casts = []
+    for i, op in enumerate(spec.epilogue):
+        if op.op != "cast" or tuple(op.args) != ((Ref.acc(),) if i == 0 else (Ref.node(i - 1),)):
+            return None
+        casts.append(op.attr("dtype"))
+    return () if not casts and spec.out_dtype == spec.dtype else (*casts, spec.out_dtype)
+
+
+def _f32_product(a, b):
+    """a @ b accumulated and returned in f32, as a kernel's accumulator holds it: cuBLAS's f32-output GEMM on
+    a GPU (torch.mm / bmm with out_dtype), else an f32 matmul."""
+    import torch
+    if a.is_cuda and a.dtype in (torch.bfloat16, torch.float16) and a.dim() in (2, 3):
+        try:
+            return (torch.mm if a.dim() == 2 else torch.bmm)(a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError, NotImplementedError):      # a torch without the out_dtype overload
+            pass
+    return torch.matmul(a.float(), b.float())
+
+
 def _layout_matmul(spec: GemmSpec):
     """`matmul(a, b, out)`: torch.matmul into `out` of operands in the spec's storage layouts (an A stored
-    [K, M] or a B stored [N, K] is transposed first); the function of both torch.matmul routes."""
+    [K, M] or a B stored [N, K] is transposed first); the function of both torch.matmul routes. With output
+    casts (`output_casts`) the f32 product is rounded through each, as the kernel's epilogue would."""
     import torch
+    from .types import torch_dtype
     a_km, b_nk = spec.a_layout == "km", spec.b_layout == "nk"
+    casts = [torch_dtype(d) for d in output_casts(spec) or ()]
 
     def matmul(a, b, out):
         torch.matmul(a.mT if a_km else a, b.mT if b_nk else b, out=out)
-    return matmul
+
+    def matmul_cast(a, b, out):
+        y = _f32_product(a.mT if a_km else a, b.mT if b_nk else b)
+        for dt in casts[:-1]:
+            y = y.to(dt)
+        out.copy_(y)        # the last rounding, to out's dtype
+    return matmul_cast if casts else matmul
 
 
 class CublasRoute:
@@ -328,16 +451,23 @@ class CublasRoute:
 
 
 class CublasOnlyGemm:
-    """What `schedule="auto"` gives a plain GEMM that no gemmc kernel can run: a static dim breaks the kernels'
-    16-byte alignment (e.g. a vocabulary of N = 32001). Calls run torch.matmul behind the spec's dtype, rank
-    and shape checks (any strides: torch takes them), with a @gemmc.kernel function's own arguments. There is
-    no IR, plan or kernel to show; `k.decision` says why."""
+    """What `schedule="auto"` gives a plain GEMM (or one whose epilogue only casts its output: `output_casts`)
+    that no gemmc kernel can run: a static dim breaks the kernels' 16-byte alignment (e.g. a vocabulary of
+    N = 32001). Calls run torch.matmul behind the spec's dtype, rank and shape checks (any strides: torch takes
+    them), with a @gemmc.kernel function's own arguments; an output cast rounds the f32 product as the kernel
+    would. There is no IR, plan or kernel to show (`passes` is empty, `schedule` None); `k.decision` says why.
+    It answers CompiledGemm's other attributes alike, so code written for one runs on the other."""
 
-    def __init__(self, spec: GemmSpec, arch: str, why: str, *, signature=None, device_type: str = "cuda"):
+    passes: tuple[str, ...] = ()
+    m_buckets = None
+
+    def __init__(self, spec: GemmSpec, arch: str, why: str, *, signature=None, device_type: str = "cuda",
+                 cache_dir: Optional[Path] = None):
         from .backends import Param
         from .dispatch import Decision
         from .runtime import Launcher
         self.spec, self.arch, self.signature, self.why = spec, arch, signature, why
+        self.cache_dir = cache_dir
         self.schedule = None
         self.decision = Decision(Schedule(arch=arch), "alignment", use_cublas=True,
                                  detail=f"no gemmc kernel takes this problem ({why}): torch.matmul runs it")
@@ -365,9 +495,25 @@ class CublasOnlyGemm:
         return None
 
     @property
+    def artifact(self):
+        """None: no cache entry (see `build`)."""
+        return None
+
+    @property
     def artifacts(self) -> dict:
         """{"all": None}: torch.matmul runs every call (see CompiledGemm.artifacts)."""
         return {"all": None}
+
+    def prepare(self, ms) -> list:
+        """[(M, "torch.matmul")] for each row count: nothing to build or load (see CompiledGemm.prepare)."""
+        wanted = list(ms)
+        for m in wanted:
+            if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+                raise SpecError(f"prepare(): row counts must be ints >= 1, got {m!r}")
+            if isinstance(self.spec.m, int) and m != self.spec.m:
+                raise SpecError(f"prepare(): {self.spec.name} was compiled for a static M = {self.spec.m}, so "
+                                f"calls cannot have M = {m}; compile with a symbolic M (e.g. m='M')")
+        return [(m, "torch.matmul") for m in wanted]
 
     def _no_kernel(self, what: str):
         return SpecError(f"{what}: `auto` runs torch.matmul for {self.spec.name}: no gemmc kernel takes it "
@@ -393,10 +539,11 @@ def compile(spec_or_kernel, schedule: Union[str, Schedule, dict] = "auto", arch:
             emit: str = "kernel", cache_dir: Union[str, os.PathLike, None] = None
             ) -> Union[CompiledGemm, CublasOnlyGemm]:
     """Compile a GEMM. `schedule`: "auto" | "heuristic" | a gemmc.Schedule; `arch`: "sm_90a" | "sm_80"
-    (default: the Schedule's, else sm_90a); `emit="ir"` stops after the passes. Under "auto" with a
-    symbolic M, calls choose per runtime M bucket (gemmc/m_buckets.py; `k.for_m(M)` shows the choice).
-    "auto" on a plain GEMM that no kernel can run (a static dim off 16-byte alignment) returns a
-    CublasOnlyGemm, whose calls run torch.matmul and whose `schedule` is None.
+    (default: the Schedule's, else sm_90a; one that differs from a Schedule's is a SpecError, while a dict
+    that names no arch takes it); `emit="ir"` stops after the passes. Under "auto" with a symbolic M, calls
+    choose per runtime M bucket (gemmc/m_buckets.py; `k.for_m(M)` shows the choice). "auto" on a plain GEMM,
+    or one whose epilogue only casts its output, that no kernel can run (a static dim off 16-byte alignment)
+    returns a CublasOnlyGemm, whose calls run torch.matmul and whose `schedule` is None.
     `cache_dir`: the kernel cache folder every kernel of this compile (each M bucket's too) is built into and
     loaded from, instead of GEMMC_CACHE_DIR's; "auto" then reads the tuning DB in it (`tuning.sqlite`)
     unless GEMMC_TUNING_DB is set, as `gemmc build --cache-dir` does. A file there is a SpecError."""
@@ -406,11 +553,11 @@ def compile(spec_or_kernel, schedule: Union[str, Schedule, dict] = "auto", arch:
     spec = as_spec(spec_or_kernel)
     # a @gemmc.kernel function's calls take its own parameters (gemmc.dsl.Kernel.call_signature)
     signature = getattr(spec_or_kernel, "call_signature", None) if spec_or_kernel is not spec else None
-    if schedule == "auto" and not spec.has_epilogue:
+    if schedule == "auto" and output_casts(spec) is not None:
         unaligned = alignment_violations(spec)       # no kernel can run it; torch.matmul can
         if unaligned:
             return CublasOnlyGemm(spec, as_arch(arch or "sm_90a"), "; ".join(map(str, unaligned)),
-                                  signature=signature)
+                                  signature=signature, cache_dir=root)
     db = _tuning_db(root)
     decision = auto_decision(spec, arch or "sm_90a", db=db) if schedule == "auto" else None
     chosen = decision.schedule if decision is not None else choose_schedule(spec, schedule, arch)

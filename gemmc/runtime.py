@@ -20,7 +20,7 @@ import threading
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from .backends import Param
 from .errors import LaunchError, PerformanceWarning
@@ -633,6 +633,35 @@ class Launcher:
             always_validate = os.environ.get("GEMMC_VALIDATE", "") not in ("", "0")
         self.always_validate = always_validate
 
+    @property
+    def always_validate(self) -> bool:
+        return self._always_validate
+
+    @always_validate.setter
+    def always_validate(self, value: bool) -> None:
+        self._always_validate = bool(value)
+        self._lean = None if value else self._lean_plan()
+
+    def _lean_plan(self) -> Optional["_LeanCall"]:
+        """What the lean call path needs, for a kernel whose calls need no more than their arguments and an
+        output: no static extents of 1 to check, no grid limit, no scratch, no reshaped vectors, a row-major
+        output. None for any other kernel (the general fast path in __call__ takes it)."""
+        c = self._out_check
+        if (self._unit_dims or self._out_unit_dims or self._limit_dims or self._workspaces or self._reshapes
+                or c.contig != c.rank - 1 or len(self.params) != self._n_user + 1):
+            return None
+        position = {i: j for j, i in enumerate(self._user)}
+        position[self._out_index] = self._n_user
+        source = {name: (j, d) for name, j, d in self._dim_sources}
+        out_shape = self.params[self._out_index].shape
+        if any(isinstance(d, str) and d not in source for d in out_shape):
+            return None         # an output dim no argument gives: the checked path says so
+        return _LeanCall(
+            kernel_order=operator.itemgetter(*(position[i] for i in range(len(self.params)))),
+            nonzero=tuple((j, d) for _, j, d in self._dim_sources),
+            out_dims=tuple(source[d] if isinstance(d, str) else int(d) for d in out_shape),
+            out_dtype=c.torch_dtype)
+
     # -- the compiled function --
     @property
     def function(self) -> Callable:
@@ -821,6 +850,39 @@ class Launcher:
         rank, shapes, strides and alignment before it launches, so here we only check the static extents of
         1 it cannot, and size the output and the workspace. If the prologue rejects the arguments, the
         Python validator explains what to change."""
+        lean = self._lean
+        if lean is not None and not named and len(args) == self._n_user:
+            run = self._lean_call(lean, args, out)
+            if run is not None:
+                return run
+        return self._general_call(args, out, named)
+
+    def _lean_call(self, lean: "_LeanCall", args: tuple, out):
+        """The lean path (see _lean_plan): the output sized from the arguments' shapes, the function called
+        with them in kernel order. None: the call needs the general path (an empty problem, or arguments too
+        malformed to size the output from)."""
+        given = out
+        try:
+            for j, d in lean.nonzero:
+                if not args[j].shape[d]:
+                    return None     # an empty problem never launches (see _empty_problem)
+            if out is None:
+                first = args[self._first_tensor]
+                shape = [v if v.__class__ is int else args[v[0]].shape[v[1]] for v in lean.out_dims]
+                # without dtype= when it is the input's: torch parses fewer arguments (host time per call)
+                out = (first.new_empty(shape) if first.dtype is lean.out_dtype
+                       else first.new_empty(shape, dtype=lean.out_dtype))
+            values = lean.kernel_order(args + (out,))
+        except Exception:          # malformed arguments: let the validator say what is wrong
+            return None
+        fn = self._function if self._function is not None else self.function
+        try:
+            fn(*values)
+        except (ValueError, TypeError) as e:    # raised by the prologue, before any launch
+            return self._call_checked(args, given, rejected=e)
+        return out
+
+    def _general_call(self, args: tuple, out, named: dict):
         if named or len(args) != self._n_user or self._reshapes:
             args = self._arguments(args, named)
         if self.always_validate:
@@ -873,6 +935,13 @@ class Launcher:
         a, b = (values[i] for i in self._operands)
         self._zero_k(a, b, [values[i] for i in self._epilogue_inputs], out)
         return out
+
+
+class _LeanCall(NamedTuple):
+    kernel_order: Callable          # (args..., out) -> the kernel's arguments in its param order
+    nonzero: tuple                  # (call position, dim) of every named dim: 0 there is an empty problem
+    out_dims: tuple                 # per output dim: a static int, or (call position, dim) it is read from
+    out_dtype: Any
 
 
 _GRID_CHECKED: set = set()

@@ -66,6 +66,12 @@ SM80_MAX_REGS = 255
 BARRIER_RESERVE_BYTES = 1024   # mbarriers and scheduler state
 EPI_STAGES = 2                 # epilogue smem buffers (store of one sub-tile overlaps the next)
 EPI_TILE_N = 32
+# Launch limits (CUDA): a grid's x extent is at most INT32_MAX blocks, its y and z extents GRID_YZ_MAX. The
+# kernels' sizes, tile counts and split-K scratch indices are 32-bit integers too (the CuTe DSL truncates a
+# larger Python int to Int32 with only a warning), so each is held to INT32_MAX as well.
+INT32_MAX = 2 ** 31 - 1
+GRID_YZ_MAX = 65535
+SPLITK_REDUCE_COLUMNS = 128    # the split-K reduce kernel: one block per output row and 128 columns
 
 
 @dataclass(frozen=True)
@@ -448,7 +454,59 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
     if isinstance(spec.k, int) and s.split_k > 1 and math.ceil(spec.k / bk) < s.split_k:
         add("split_k", s.split_k, f"K={spec.k} has only {math.ceil(spec.k / bk)} k-tiles of {bk}: lower split_k")
 
+    v += launch_violations(s, spec)
     v += alignment_violations(spec)
+    return v
+
+
+def launch_violations(s: Schedule, spec: GemmSpec) -> list[Violation]:
+    """The launch grids and 32-bit sizes of `s` on `spec`'s static dims that pass their limits (symbolic dims
+    are the runtime's to check, per call)."""
+    v: list[Violation] = []
+    add = lambda limit, value, fix: v.append(Violation(limit, value, fix))  # noqa: E731
+    for name, d in (("M", spec.m), ("N", spec.n), ("K", spec.k), ("batch", spec.batch)):
+        if isinstance(d, int) and d > INT32_MAX:
+            add(f"problem size {name} (32-bit)", d, f"at most {INT32_MAX}: split the problem across calls")
+    if v:
+        return v
+    m, n, k = spec.m, spec.n, spec.k
+    batch = 1 if spec.batch is None else spec.batch
+    mode = split_k_mode(s)
+    fewer = "lower split_k, " if s.split_k > 1 else ""
+    if isinstance(batch, int) and batch > GRID_YZ_MAX and (s.arch != "sm_90a" or mode == "serial"):
+        where = "launch grid z (batch)" if s.arch != "sm_90a" else "split-K reduce grid y (batch)"
+        add(where, batch, f"at most {GRID_YZ_MAX} blocks: split the batch across calls"
+            + (", or use a schedule without serial split-K (split_k <= 2 keeps the persistent grid's in-kernel "
+               "sum)" if s.arch == "sm_90a" else ""))
+    if not (isinstance(m, int) and isinstance(n, int) and isinstance(batch, int)):
+        return v
+    tm, tn, tmc, tnc = kernel_grid(s, m, n)
+    cm, cn = s.cluster
+    if s.arch == "sm_90a":
+        units = (tmc // cm) * (tnc // cn) * batch
+        if s.stream_k and isinstance(k, int):
+            units *= math.ceil(k / s.tile[2])
+            if units > INT32_MAX:
+                add("stream-K iterations (32-bit)", f"{units} (cluster tiles x batch x k-tiles)",
+                    f"at most {INT32_MAX}: use a larger tile, or split the problem across calls")
+        elif not s.stream_k and units * s.split_k > INT32_MAX:
+            add("work units (32-bit)", f"{units * s.split_k} (cluster tiles x batch x split_k)",
+                f"at most {INT32_MAX}: {fewer}use a larger tile, or split the problem across calls")
+    elif tm * tn > INT32_MAX:
+        add("launch grid x", f"{tm * tn} output tiles", f"at most {INT32_MAX} blocks: use a larger tile, or split "
+            "the problem across calls")
+    if mode == "serial":
+        blocks = m * math.ceil(n / SPLITK_REDUCE_COLUMNS)
+        if blocks > INT32_MAX:
+            add("split-K reduce grid x", f"{blocks} blocks (M x N / {SPLITK_REDUCE_COLUMNS})",
+                f"at most {INT32_MAX} blocks: use split_k=1" + (" or 2 (summed in the kernel)" if s.arch == "sm_90a"
+                                                                else "") + ", or split M across calls")
+    if mode in ("serial", "fixup"):
+        bm, bn, _ = s.tile
+        elems = s.split_k * batch * m * n if mode == "serial" else s.split_k * bm * bn * batch * tmc * tnc
+        if elems > INT32_MAX:
+            add("split-K scratch (32-bit index)", f"{elems} f32 partials",
+                f"at most {INT32_MAX}: lower split_k, or split the problem (batch or M) across calls")
     return v
 
 

@@ -38,7 +38,8 @@ def test_compile_emit_ir(arch, schedule, threads, mma):
 
 def test_unknown_pass_name():
     k = gemmc.compile(SQUARE, Schedule(), emit="ir")
-    with pytest.raises(ValueError, match="no pass named 'pipeline'; passes: assign-warpgroup-roles"):
+    with pytest.raises(SpecError, match=r"ir\(after='pipeline'\): no such pass; use one of: input, "
+                                        "assign-warpgroup-roles"):
         k.ir(after="pipeline")
 
 
@@ -53,10 +54,16 @@ def test_auto_and_heuristic_pick_a_valid_schedule(choice, arch):
     assert f"arch {arch}" in k.ir(after="assign-warpgroup-roles")
 
 
-def test_explicit_arch_overrides_the_schedules_default():
-    k = gemmc.compile(SQUARE, Schedule(tile=(128, 128, 32)), arch="sm80", emit="ir")
+def test_explicit_arch_must_agree_with_the_schedules():
+    """A Schedule carries its arch (default sm_90a): compile(arch=) agrees with it or is left out; a dict that
+    names no arch takes the explicit one (tests/test_frictions.py has the refusal's message)."""
+    with pytest.raises(SpecError, match="contradicts the schedule's arch 'sm_90a'"):
+        gemmc.compile(SQUARE, Schedule(tile=(128, 128, 32)), arch="sm80", emit="ir")
+    k = gemmc.compile(SQUARE, Schedule(tile=(128, 128, 32), arch="sm_80"), arch="sm80", emit="ir")
     assert k.arch == "sm_80" and k.schedule == Schedule(tile=(128, 128, 32), arch="sm_80")
     assert k.plan.mode == "multistage"
+    k = gemmc.compile(SQUARE, {"tile": (128, 128, 32)}, arch="sm80", emit="ir")
+    assert k.schedule == Schedule(tile=(128, 128, 32), arch="sm_80")
 
 
 def test_schedule_as_dict():
@@ -71,7 +78,7 @@ def test_invalid_schedule_fails_before_any_ir_is_built(monkeypatch):
         gemmc.compile(SQUARE, Schedule(tile=(256, 256, 128)))
     assert "use a smaller tile" in str(err.value)
     with pytest.raises(ScheduleError, match="thread-block clusters are SM90-only"):
-        gemmc.compile(SQUARE, Schedule(tile=(128, 128, 32), cluster=(2, 1)), arch="sm_80")
+        gemmc.compile(SQUARE, Schedule(tile=(128, 128, 32), cluster=(2, 1), arch="sm_80"))
 
 
 def test_bad_arguments():

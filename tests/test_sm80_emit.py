@@ -274,10 +274,11 @@ def test_sm90_only_schedule_on_sm80_is_a_clear_error():
     import gemmc
     from gemmc.errors import ScheduleError
     with pytest.raises(ScheduleError, match=r"(?s)SM90-only.*cluster=\(1, 1\)"):
-        gemmc.compile(GemmSpec(), schedule=Schedule(tile=(128, 256, 64), cluster=(2, 1), mode="pingpong"),
-                      arch="sm_80", emit="ir")
+        gemmc.compile(GemmSpec(), schedule=Schedule(tile=(128, 256, 64), cluster=(2, 1), mode="pingpong",
+                                                    arch="sm_80"), emit="ir")
     with pytest.raises(ScheduleError, match="limit 166912 B on sm_80"):     # 163 KB of shared memory
-        gemmc.compile(GemmSpec(), schedule=Schedule(tile=(128, 256, 64), stages=5), arch="sm_80", emit="ir")
+        gemmc.compile(GemmSpec(), schedule=Schedule(tile=(128, 256, 64), stages=5, arch="sm_80"), arch="sm_80",
+                      emit="ir")
 
 
 # ---- epilogue input names and shared memory per compile arch -------------------------------------

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from ..ir.plan import KernelPlan
+from ..schedule import GRID_YZ_MAX  # noqa: F401  (the blocks a grid's y or z extent may have: the launch rule's)
 from ..types import DType
 
 
@@ -32,9 +33,6 @@ class Param:
     # (dim, largest extent) of dims a launch grid's y or z extent carries (at most 65535 blocks): the
     # runtime refuses a larger call before launching
     limits: tuple[tuple[int, int], ...] = ()
-
-
-GRID_YZ_MAX = 65535       # blocks a launch grid's y or z extent may have (CUDA)
 
 
 @dataclass(frozen=True)

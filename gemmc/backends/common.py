@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ..errors import BuildError
+from ..schedule import SPLITK_REDUCE_COLUMNS
 from ..spec import EpilogueInput, EpilogueOp, Ref
 from ..types import DType
 
@@ -175,7 +176,7 @@ def input_kernel_args(inputs: Sequence[EpilogueInput], suffix: str = "_v") -> li
 
 # ---- split-K reduction ------------------------------------------------------------------------
 
-REDUCE_THREADS = 128
+REDUCE_THREADS = SPLITK_REDUCE_COLUMNS     # the launch rule (gemmc/schedule.py) sizes its grid by this
 
 
 @dataclass(frozen=True)

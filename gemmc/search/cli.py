@@ -4,7 +4,8 @@
   gemmc-search report
   gemmc-search export tuned.json.gz / import tuned.json.gz
   gemmc-search train-policy [--gpu NAME]
-  gemmc-search simulate --data bench/data/<dataset> --strategy all --budget 4,8,16,32 --seeds 20 [--json]
+  gemmc-search simulate --data bench/data --max-shapes 10 --seeds 2     (every strategy, under a minute)
+  gemmc-search simulate --data bench/data --strategy all --seeds 20 [--json]   (all 100 shapes: minutes)
   gemmc-search synth bench/data/synthetic.jsonl.gz     (a synthetic dataset, for CPU development)
 
 The verdict is paired: each measurement times gemmc and cuBLAS interleaved in the same CUDA-graph
@@ -93,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--db", help="tuning database (default: $GEMMC_TUNING_DB or <cache dir>/tuning.sqlite); "
                                 "tune and import create it, the other commands read an existing one")
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    p.add_argument("--version", action="version", version=f"gemmc-search {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("tune", help="search schedules on the GPU and store every measurement",
@@ -170,7 +172,11 @@ def _parser() -> argparse.ArgumentParser:
     tp.add_argument("--epochs", type=_at_least(1, "passes over the data"), default=60, help="(default 60)")
     tp.add_argument("--seed", type=int, default=0)
 
-    s = sub.add_parser("simulate", help="replay a recorded dataset through the strategies (CPU only)")
+    s = sub.add_parser("simulate", help="replay a recorded dataset through the strategies (CPU only)",
+                       description="Replay recorded measurements through the search strategies, printing progress "
+                                   "per strategy, seed and rl fold to stderr. The whole of bench/data takes "
+                                   "minutes (bayes and rl's training dominate); --max-shapes 10 --seeds 2 is a "
+                                   "quick form that runs in under a minute.")
     s.add_argument("--data", required=True, help="a dataset file or a bench/data/<dataset> folder")
     s.add_argument("--strategy", type=_strategies, default="all",
                    help=f"all, or a comma list of: {', '.join(STRATEGIES)} (default all; rl trains on some "

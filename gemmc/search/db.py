@@ -360,10 +360,7 @@ class TuningDB:
         if not create:
             if not self.path.exists():
                 raise TuningDBError(f"{self.path}: no tuning DB there; {_HINT}")
-            # mode=rw never creates the file, and query_only refuses every write (no tables added, no switch
-            # to WAL); unlike mode=ro, the last reader to close still tidies away the -wal and -shm files
-            self.conn = self._connect(self.path.absolute().as_uri() + "?mode=rw", uri=True)
-            self.conn.execute("PRAGMA query_only = ON")
+            self.conn = self._connect_read_only()
             self._check_is_gemmc_db(empty_ok=False)
             return
         try:
@@ -390,6 +387,27 @@ class TuningDB:
             raise TuningDBError(f"cannot open the tuning DB {self.path}: {e}; {_HINT}") from None
         conn.row_factory = sqlite3.Row
         return conn
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """A connection that never writes. Where this process may write the file and its folder: mode=rw
+        (never creates the file) with query_only (refuses every write); unlike mode=ro, the last reader to
+        close still tidies away the -wal and -shm files. Elsewhere (a read-only mount, a cache CI built):
+        mode=ro, which reads a WAL-mode file only where its -shm index exists or can be made beside it; if
+        it cannot, the file is read as immutable (no locks, no index), which a folder nobody can write
+        keeps true."""
+        uri = self.path.absolute().as_uri()
+        folder = self.path.absolute().parent
+        if os.access(self.path, os.W_OK) and os.access(folder, os.W_OK | os.X_OK):
+            conn = self._connect(uri + "?mode=rw", uri=True)
+            conn.execute("PRAGMA query_only = ON")
+            return conn
+        conn = self._connect(uri + "?mode=ro", uri=True)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return conn
+        except sqlite3.OperationalError:        # "unable to open database file": no -shm, none can be made
+            conn.close()
+        return self._connect(uri + "?mode=ro&immutable=1", uri=True)
 
     def _check_is_gemmc_db(self, empty_ok: bool) -> None:
         """Raise TuningDBError (and close) unless the file holds gemmc's tables; an empty file passes

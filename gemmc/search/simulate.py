@@ -12,6 +12,7 @@ import json
 import math
 import random
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -21,6 +22,9 @@ from ..schedule import Schedule, is_valid
 from ..spec import GemmSpec
 from .strategy import Measurement, SearchProblem, best_so_far, make_strategy, run_search
 
+
+PROGRESS_EVERY_S = 10.0     # a run through many problems says how far it is at least this often
+_now = time.monotonic
 
 DATASET_HINT = ("--data takes the .jsonl.gz sweeps `gemmc bench` records (bench/data/), or a file "
                 "`gemmc-search synth FILE` writes")
@@ -218,7 +222,9 @@ def simulate(problems: Sequence[RecordedProblem], strategies: Sequence[str], bud
     when the heuristic seeds it) run once. `rl` runs once per fold, on the problems of a fold it was
     not trained on, so every problem is evaluated zero-shot by a policy that never saw it.
     `heuristic=False` starts `bayes` from a random space-filling design instead of the heuristic's
-    ranking (whose constants may have been fitted to the very data being replayed)."""
+    ranking (whose constants may have been fitted to the very data being replayed). `progress(line)` hears
+    when each strategy starts, each rl fold's training, each seed or fold done, and, within a run, how far
+    it is at least every PROGRESS_EVERY_S seconds."""
     import torch
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # tiny models: extra threads only contend (and CI has 2 cores)
@@ -248,19 +254,26 @@ def _simulate(problems, strategies, budgets, seeds, batch, rl_folds, rl_epochs, 
         raise SimulationError("rl needs at least two recorded problems (it is trained on some, evaluated on others)")
     policies: dict[int, object] = {}
     kw = {"bayes": {} if heuristic else {"use_heuristic": False}}
+    say = progress or (lambda msg: None)
     # random runs even when not asked for: it is every strategy's score_vs_random baseline
     for name in [*strategies, *(["random"] if "random" not in strategies else [])]:
         acc = per.setdefault(name, {b: {} for b in budgets})
         if name == "rl":
             runs = range(len(folds))          # deterministic given its policy: each fold once
+            say(f"rl: {len(folds)} folds over {len(problems)} problems (trained on the others, scored on each)")
         else:
-            runs = range(1) if make_strategy(name, **kw.get(name, {})).deterministic else range(seeds)
+            deterministic = make_strategy(name, **kw.get(name, {})).deterministic
+            runs = range(1) if deterministic else range(seeds)
+            say(f"{name}: " + ("1 run (deterministic)" if deterministic else f"{seeds} seeds")
+                + f" over {len(problems)} problems")
         for seed in runs:
             if name == "rl":
                 fi = seed
+                run_name = f"rl fold {fi + 1}/{len(folds)}"
                 if fi not in policies:
                     from .rl import train_policy_on_problems
                     train = [problems[i] for i in range(len(problems)) if i not in set(folds[fi])]
+                    say(f"{run_name}: training on {len(train)} problems ({rl_epochs} epochs)")
                     try:
                         policies[fi] = train_policy_on_problems(train, epochs=rl_epochs, seed=split_seed + fi)
                     except ValueError as e:   # e.g. every training problem recorded a single schedule
@@ -270,14 +283,18 @@ def _simulate(problems, strategies, budgets, seeds, batch, rl_folds, rl_epochs, 
                 strat = make_strategy("rl", seed=seed, policy=policies[fi])
                 idxs = folds[fi]
             else:
+                run_name = f"{name} seed {seed + 1}/{len(runs)}"
                 strat = make_strategy(name, seed=seed, **kw.get(name, {}))
                 idxs = range(len(problems))
-            for i in idxs:
+            last = _now()
+            for j, i in enumerate(idxs):
                 res = run_search(strat, searches[i], problems[i].evaluate, budget=top, batch=batch)
                 for b, f in fractions(bests[i], res, budgets).items():
                     acc[b].setdefault(i, []).append(f)
-            if progress:
-                progress(f"{name} seed {seed}")
+                if progress and j + 1 < len(idxs) and _now() - last >= PROGRESS_EVERY_S:
+                    last = _now()
+                    say(f"{run_name}: {j + 1}/{len(idxs)} problems")
+            say(f"{run_name} done")
     medians: dict = {}
     for name, acc in per.items():
         medians[name] = {}

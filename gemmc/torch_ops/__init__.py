@@ -1,0 +1,30 @@
+"""gemmc kernels as PyTorch ops: torch.ops.gemmc.linear and torch.ops.gemmc.gemm, with fake kernels and autograd.
+
+    import gemmc.torch_ops as gto
+    y = gto.linear(x, weight, bias, activation="gelu")    # == F.gelu(F.linear(x, weight, bias)), one kernel
+    c = gto.gemm(a, b, a_layout="km", b_layout="kn")       # a.T @ b, in gemmc's storage layouts
+    gto.unsupported_reason(weight, bias, "gelu")           # None, or why gemmc cannot run this Linear
+    gto.prepare_linear(n, k, torch.bfloat16, True, "gelu", [1, 16], training=True)   # before a graph capture
+
+The ops trace under torch.compile (fullgraph, dynamic=True: the token dim is symbolic in every kernel, so one
+compile of a model serves every batch size) and under make_fx; CPU tensors run the torch reference. The
+backward's dX and dW are gemmc GEMMs too (see autograd.py). Eager calls on CUDA tensors that need no gradient
+skip the dispatcher (functional.py).
+
+Tolerance. For a result R (the output, dX, dW or db) computed from bf16 or f16 inputs, let R32 be the same
+formula (forward and torch.autograd) in fp32 from those inputs upcast, and err(R) = ||R - R32||_F / ||R32||_F.
+gemmc's err is at most 2 err(torch) + 2u, where torch is the same computation in the inputs' dtype and u the
+dtype's unit roundoff (2^-8 bf16, 2^-11 f16). Both accumulate in f32 and round each GEMM once, so they differ by
+summation order, a rounding step or two (the fused epilogue rounds once where torch rounds z, then act(z)).
+`tolerance.error_bound` is that bound; tests/test_torch_ops_autograd.py (CPU reference) and
+tests/test_gpu_torch_ops.py (gemmc kernels) check it.
+"""
+from .activations import ACTIVATIONS
+from .checks import unsupported_reason
+from .functional import gemm, linear
+from .kernels import gemm_kernel, linear_kernel, prepare_linear
+from . import autograd as _autograd
+
+_autograd.register()
+
+__all__ = ["ACTIVATIONS", "gemm", "gemm_kernel", "linear", "linear_kernel", "prepare_linear", "unsupported_reason"]

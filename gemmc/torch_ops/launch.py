@@ -1,0 +1,82 @@
+"""The CUDA call path of the ops: one registry lookup keyed by a tuple, dense operands, the kernel call.
+
+A call whose key is new, or that a kernel refuses, takes the slow path: checks.py says what is wrong (before
+anything launches), then the registry compiles. Empty problems (M, N or K of 0) run the torch reference.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..compiler import CublasRoute
+from ..errors import LaunchError
+from . import reference
+from .checks import check_gemm_call, check_linear_call, gemm_dims
+from .kernels import GEMM_KERNELS, LINEAR_KERNELS, gemm_kernel, linear_kernel
+
+_torch_linear = torch.nn.functional.linear
+_MALFORMED = (ValueError, IndexError, AttributeError, TypeError)   # what a key built from a bad call raises
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """`t` when a kernel can read it as it is (contiguous, 16-byte aligned start), else a contiguous copy: the
+    ops take any strides, as nn.Linear does."""
+    if t.is_contiguous() and not t.data_ptr() & 15:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def run_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
+    """act(x @ weight.T + bias) on CUDA tensors with the shared gemmc kernel; x [..., K], weight [N, K]."""
+    try:
+        n, k = weight.shape
+        kern = LINEAR_KERNELS.get((n, k, weight.dtype, bias is not None, activation))
+        known = kern is not None and x.shape[-1] == k       # reshape below would hide a wrong K
+    except _MALFORMED:
+        known = False
+    if not known:
+        check_linear_call(x, weight, bias, activation)
+        n, k = weight.shape
+        if not (n and k and x.numel()):
+            return reference.linear(x, weight, bias, activation)
+        kern = linear_kernel(n, k, weight.dtype, bias is not None, activation)
+    flat = x.dim() != 2
+    x2 = x.reshape(-1, k) if flat else x
+    if not x2.shape[0]:                                     # M = 0: the empty output
+        return reference.linear(x, weight, bias, activation)
+    x2, w = _dense(x2), _dense(weight)
+    run = kern.runner_for(x2.shape[0])
+    if run.__class__ is CublasRoute:
+        # `auto` measured cuBLAS faster at this M (plain GEMMs only): torch's own call, with none of gemmc's glue
+        return _torch_linear(x, weight)
+    try:
+        y = run(x2, w) if bias is None else run(x2, w, _dense(bias))
+    except LaunchError:
+        try:        # the compiled GEMM's own call: a plain GEMM the kernel refuses runs torch.matmul there
+            y = kern(x2, w) if bias is None else kern(x2, w, _dense(bias))
+        except LaunchError as refused:
+            check_linear_call(x, weight, bias, activation, cause=refused)
+            raise
+    return y.view(*x.shape[:-1], n) if flat else y
+
+
+def run_gemm(a: torch.Tensor, b: torch.Tensor, a_layout: str, b_layout: str) -> torch.Tensor:
+    """A @ B on CUDA tensors in gemmc's storage layouts with the shared gemmc kernel: an [M, N] result."""
+    try:
+        n = b.shape[0] if b_layout == "nk" else b.shape[1]
+        kern = GEMM_KERNELS.get((a_layout, b_layout, a.dtype, a.shape[1], n))
+    except _MALFORMED:
+        kern = None
+    if kern is None:
+        check_gemm_call(a, b, a_layout, b_layout)
+        m, n, k, _ = gemm_dims(a, b, a_layout, b_layout)
+        if not (m and n and k):
+            return reference.gemm(a, b, a_layout, b_layout)
+        kern = gemm_kernel(a_layout, b_layout, a.shape[1], n, a.dtype)
+    if not (a.numel() and b.numel()):                       # M, N or K of 0: empty, or zeros (K = 0)
+        check_gemm_call(a, b, a_layout, b_layout)
+        return reference.gemm(a, b, a_layout, b_layout)
+    try:
+        return kern(_dense(a), _dense(b))
+    except LaunchError as refused:
+        check_gemm_call(a, b, a_layout, b_layout, cause=refused)
+        raise
