@@ -323,13 +323,7 @@ class CompiledGemm:
         capturing a CUDA graph: a capture cannot build or load a kernel. Returns [(M, what runs it)], where
         what runs it is a schedule's short name or "torch.matmul". On a host without a GPU it only builds."""
         self._need_kernel("prepare()")
-        wanted = list(ms)
-        for m in wanted:
-            if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-                raise SpecError(f"prepare(): row counts must be ints >= 1, got {m!r}")
-            if isinstance(self.spec.m, int) and m != self.spec.m:
-                raise SpecError(f"prepare(): {self.spec.name} was compiled for a static M = {self.spec.m}, so "
-                                f"calls cannot have M = {m}; compile with a symbolic M (e.g. m='M')")
+        wanted = _row_counts(self.spec, ms)
         from .runtime import visible_arch
         load = visible_arch() is not None
         done = []
@@ -379,6 +373,18 @@ def _f32_product(a, b):
         except (TypeError, RuntimeError, NotImplementedError):      # a torch without the out_dtype overload
             pass
     return torch.matmul(a.float(), b.float())
+
+
+def _row_counts(spec: GemmSpec, ms) -> list:
+    """`prepare(ms)`'s row counts as a list, each checked: an int >= 1, and M itself for a static-M spec."""
+    wanted = list(ms)
+    for m in wanted:
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise SpecError(f"prepare(): row counts must be ints >= 1, got {m!r}")
+        if isinstance(spec.m, int) and m != spec.m:
+            raise SpecError(f"prepare(): {spec.name} was compiled for a static M = {spec.m}, so calls cannot "
+                            f"have M = {m}; compile with a symbolic M (e.g. m='M')")
+    return wanted
 
 
 def _layout_matmul(spec: GemmSpec):
@@ -506,13 +512,7 @@ class CublasOnlyGemm:
 
     def prepare(self, ms) -> list:
         """[(M, "torch.matmul")] for each row count: nothing to build or load (see CompiledGemm.prepare)."""
-        wanted = list(ms)
-        for m in wanted:
-            if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-                raise SpecError(f"prepare(): row counts must be ints >= 1, got {m!r}")
-            if isinstance(self.spec.m, int) and m != self.spec.m:
-                raise SpecError(f"prepare(): {self.spec.name} was compiled for a static M = {self.spec.m}, so "
-                                f"calls cannot have M = {m}; compile with a symbolic M (e.g. m='M')")
+        wanted = _row_counts(self.spec, ms)
         return [(m, "torch.matmul") for m in wanted]
 
     def _no_kernel(self, what: str):

@@ -127,12 +127,13 @@ def test_static_cache_passes_only_what_this_transformers_constructor_takes(monke
         def __init__(self, config, max_cache_len, offloading=False, **kwargs):
             seen.update(config=config, max_cache_len=max_cache_len, kwargs=kwargs)
 
-    monkeypatch.setattr(transformers, "StaticCache", Old)
+    # the module `from transformers import` reads now (an earlier test may have reloaded transformers)
+    monkeypatch.setattr(sys.modules["transformers"], "StaticCache", Old)
     llama.static_cache("cfg", 3, 40, "cpu", torch.bfloat16)
     assert seen == {"config": "cfg", "max_batch_size": 3, "max_cache_len": 40, "device": "cpu",
                     "dtype": torch.bfloat16}
     seen.clear()
-    monkeypatch.setattr(transformers, "StaticCache", New)
+    monkeypatch.setattr(sys.modules["transformers"], "StaticCache", New)
     llama.static_cache("cfg", 3, 40, "cpu", torch.bfloat16)
     assert seen == {"config": "cfg", "max_cache_len": 40, "kwargs": {}}
 
