@@ -456,6 +456,25 @@ def test_simulate_reports_progress_within_a_long_run(monkeypatch):
     assert "exhaustive seed 1/1: 1/3 problems" in lines and "exhaustive seed 1/1: 2/3 problems" in lines
 
 
+def test_simulate_quick_is_ten_shapes_two_seeds_and_three_budgets(monkeypatch, capsys):
+    import gemmc.search.simulate as sim
+    from gemmc.search.cli import main
+    seen = {}
+
+    def fake(problems, strategies, budgets, seeds, **kw):
+        seen.update(problems=len(problems), budgets=list(budgets), seeds=seeds)
+        return {s: {str(b): {"median_fraction": 1.0, "score_vs_random": 1.0} for b in [1, *budgets]}
+                for s in strategies}
+    monkeypatch.setattr(sim, "simulate", fake)
+    monkeypatch.chdir(REPO)
+    assert main(["simulate", "--data", "bench/data", "--quick"]) == 0
+    assert seen == {"problems": 10, "budgets": [4, 8, 16], "seeds": 2}
+    assert main(["simulate", "--data", "bench/data", "--quick", "--seeds", "3"]) == 0     # a flag given wins
+    assert seen["seeds"] == 3 and seen["problems"] == 10
+    assert main(["simulate", "--data", "bench/data", "--strategy", "random"]) == 0           # the full replay
+    assert seen["seeds"] == 20 and seen["budgets"] == [4, 8, 16, 32] and seen["problems"] > 10
+
+
 def _documented_simulate_commands():
     """Every `gemmc-search simulate ...` command line in README.md and docs/ (comments dropped)."""
     cmds = []

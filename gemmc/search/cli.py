@@ -4,7 +4,7 @@
   gemmc-search report
   gemmc-search export tuned.json.gz / import tuned.json.gz
   gemmc-search train-policy [--gpu NAME]
-  gemmc-search simulate --data bench/data --max-shapes 10 --seeds 2     (every strategy, under a minute)
+  gemmc-search simulate --data bench/data --quick     (every strategy on 10 shapes, under a minute)
   gemmc-search simulate --data bench/data --strategy all --seeds 20 [--json]   (all 100 shapes: minutes)
   gemmc-search synth bench/data/synthetic.jsonl.gz     (a synthetic dataset, for CPU development)
 
@@ -175,19 +175,19 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("simulate", help="replay a recorded dataset through the strategies (CPU only)",
                        description="Replay recorded measurements through the search strategies, printing progress "
                                    "per strategy, seed and rl fold to stderr. The whole of bench/data takes "
-                                   "minutes (bayes and rl's training dominate); --max-shapes 10 --seeds 2 is a "
-                                   "quick form that runs in under a minute.")
+                                   "minutes (bayes and rl's training dominate); --quick is a form that runs in "
+                                   "under a minute.")
     s.add_argument("--data", required=True, help="a dataset file or a bench/data/<dataset> folder")
     s.add_argument("--strategy", type=_strategies, default="all",
                    help=f"all, or a comma list of: {', '.join(STRATEGIES)} (default all; rl trains on some "
                         f"recorded problems and is scored on the others, so with fewer than two it is left out, "
                         f"with a note)")
-    s.add_argument("--budget", type=_budgets, default="4,8,16,32",
-                   help="comma list of measurement counts to report each strategy at (default %(default)s; "
-                        "budget 1, the first pick, is always reported)")
-    s.add_argument("--seeds", type=_at_least(1, "runs"), default=20,
+    s.add_argument("--budget", type=_budgets, default=None,
+                   help="comma list of measurement counts to report each strategy at (default 4,8,16,32; with "
+                        "--quick 4,8,16; budget 1, the first pick, is always reported)")
+    s.add_argument("--seeds", type=_at_least(1, "runs"), default=None,
                    help="runs per strategy with a random element, each with its own seed, averaged per problem "
-                        "(default 20; deterministic ones run once)")
+                        "(default 20, with --quick 2; deterministic ones run once)")
     s.add_argument("--batch", type=_at_least(1, "schedules per proposal"), default=1,
                    help="schedules a strategy proposes at a time (default 1)")
     s.add_argument("--folds", type=_at_least(2, "rl trains on all folds but one"), default=4,
@@ -195,7 +195,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--epochs", type=_at_least(1, "passes over the data"), default=60,
                    help="rl: training epochs over the training shapes (default 60)")
     s.add_argument("--max-shapes", type=_at_least(1, "recorded problems"), metavar="N",
-                   help="use a seeded sample of N recorded problems (default: all)")
+                   help="use a seeded sample of N recorded problems (default: all; with --quick 10)")
+    s.add_argument("--quick", action="store_true",
+                   help="a replay that finishes in under a minute: --max-shapes 10 --seeds 2 --budget 4,8,16 "
+                        "(flags given as well win)")
     s.add_argument("--no-heuristic", action="store_true",
                    help="bayes: start from a random space-filling design, not the heuristic's ranking")
     s.add_argument("--json", action="store_true")
@@ -597,10 +600,17 @@ def cmd_tune(args) -> int:
     return 0
 
 
+SIMULATE_DEFAULTS = {"max_shapes": None, "seeds": 20, "budget": [4, 8, 16, 32]}
+SIMULATE_QUICK = {"max_shapes": 10, "seeds": 2, "budget": [4, 8, 16]}     # --quick: under a minute on 2 cores
+
+
 def cmd_simulate(args) -> int:
     import random
 
     from .simulate import group_problems, load_records, simulate
+    for flag, value in (SIMULATE_QUICK if args.quick else SIMULATE_DEFAULTS).items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, value)
     header, records = load_records(args.data)
     problems = group_problems(records, header)
     if args.max_shapes is not None and args.max_shapes < len(problems):
