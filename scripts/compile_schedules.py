@@ -6,6 +6,7 @@ The safety net for a backend rewrite: every admitted schedule must still compile
 
     CUTE_DSL_ARCH=sm_90a python scripts/compile_schedules.py                 # every admitted SM90 schedule
     CUTE_DSL_ARCH=sm_90a python scripts/compile_schedules.py --sample        # a covering sample
+    CUTE_DSL_ARCH=sm_90a python scripts/compile_schedules.py --stride 10     # every 10th schedule
     python scripts/compile_schedules.py --arch sm_80 --limit 20 --workers 2
 """
 import argparse
@@ -67,6 +68,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="sm_90a", choices=sorted(NEEDED))
     ap.add_argument("--sample", action="store_true", help="a covering sample instead of every schedule")
+    ap.add_argument("--stride", type=int, default=1, help="every STRIDE-th admitted schedule (a spread sample)")
     ap.add_argument("--limit", type=int, default=0, help="compile at most this many (0: no limit)")
     ap.add_argument("--workers", type=int, default=1, help="compile processes (at most 2 on a shared machine)")
     args = ap.parse_args()
@@ -78,6 +80,7 @@ def main() -> int:
     admitted = len(items)
     if args.sample:
         items = covering_sample(items)
+    items = items[::max(1, args.stride)]
     if args.limit:
         items = items[:args.limit]
     print(f"{admitted} admitted {args.arch} schedules; compiling {len(items)}", flush=True)
