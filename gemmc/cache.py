@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .errors import BuildError
+from .file_hash import sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1          # bump when the entry layout changes
@@ -145,14 +146,6 @@ def default_cache_dir() -> Path:
     if env not in _RELATIVE_ROOTS:
         _RELATIVE_ROOTS[env] = _absolute(env)
     return _RELATIVE_ROOTS[env]
-
-
-def sha256_file(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def umask() -> int:

@@ -24,6 +24,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from .backends import Param
 from .errors import LaunchError, PerformanceWarning
+from .file_hash import sha256_file
 from .types import DType, torch_dtype
 
 _ALIGN_BYTES = 16
@@ -92,7 +93,6 @@ def _origin(lib: str) -> str:
 
 
 def _verify(so_path: str, sha256: str) -> None:
-    from .cache import sha256_file
     try:
         ok = sha256_file(so_path) == sha256
     except FileNotFoundError as e:

@@ -11,7 +11,8 @@ import pytest
 
 import gemmc.build as gb
 from gemmc.backends import EmittedKernel
-from gemmc.cache import KernelCache, sha256_file
+from gemmc.cache import KernelCache
+from gemmc.file_hash import sha256_file
 from gemmc.compiled import CompiledKernel
 from gemmc.errors import BuildError
 from toy_kernel import toy_emitted, toy_params

@@ -598,7 +598,7 @@ def test_python_prologue_rejects_exactly_what_the_validator_rejects(m, k, n, a_d
 # -- which load failures rebuild ------------------------------------------------------------------
 
 def _so_with_hash(tmp_path):
-    from gemmc.cache import sha256_file
+    from gemmc.file_hash import sha256_file
     so = tmp_path / "kernel.so"
     so.write_bytes(b"\x7fELF as built")
     return so, sha256_file(so)
