@@ -6,7 +6,8 @@ import pytest
 import gemmc
 from gemmc.search.builder import Builder
 from gemmc.search.runner import Runner
-from gemmc.search.strategy import Measurement, SearchProblem, make_strategy, run_search
+from gemmc.search.registry import make_strategy
+from gemmc.search.strategy import Measurement, SearchProblem, run_search
 
 SPEC = gemmc.GemmSpec(256, 1024, 512)
 

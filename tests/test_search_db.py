@@ -263,7 +263,8 @@ _WRITER = r"""
 import sys, time
 import gemmc
 from gemmc.search.db import TuningDB
-from gemmc.search.strategy import Measurement, SearchProblem, run_search, make_strategy
+from gemmc.search.registry import make_strategy
+from gemmc.search.strategy import Measurement, SearchProblem, run_search
 spec = gemmc.GemmSpec(256, 1024, 512)
 db = TuningDB(sys.argv[1])
 prior = db.prior(spec, "sm_90a", "fake")

@@ -145,7 +145,7 @@ def test_a_policy_of_older_features_is_skipped_with_a_warning(db):
     gemmc's schedules: `auto` says so once, and answers from the neighbours and the heuristic."""
     import dataclasses
     from gemmc.search.features import FeatureSpec
-    from gemmc.search.rl import SchedulePolicy
+    from gemmc.search.schedule_policy import SchedulePolicy
     old = SchedulePolicy(hidden=8)
     old.feature_spec = dataclasses.replace(FeatureSpec(), version=3)
     db.save_policy(old)

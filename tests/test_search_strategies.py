@@ -10,7 +10,8 @@ import gemmc
 from gemmc.schedule import enumerate_schedules, is_valid
 from gemmc.search.features import FeatureSpec, gp_features, policy_features
 from gemmc.search.simulate import fractions, group_problems, simulate, split_folds
-from gemmc.search.strategy import Measurement, SearchProblem, best_so_far, make_strategy, run_search
+from gemmc.search.registry import make_strategy
+from gemmc.search.strategy import Measurement, SearchProblem, best_so_far, run_search
 from gemmc.search.synthetic import model_time_us, synthetic_records, synthetic_shapes
 
 torch.set_num_threads(1)
@@ -128,7 +129,8 @@ def test_small_simulation_meets_the_targets(problems):
 
 
 def test_rl_policy_zero_shot_finetune_and_persistence(problems):
-    from gemmc.search.rl import RLStrategy, SchedulePolicy, train_policy_on_problems
+    from gemmc.search.rl import RLStrategy, train_policy_on_problems
+    from gemmc.search.schedule_policy import SchedulePolicy
     train, held = problems[:-3], problems[-3:]
     unseen = [p for p in held if (p.spec.n, p.spec.k) not in {(q.spec.n, q.spec.k) for q in train}] or held
     pol = train_policy_on_problems(train, epochs=25, seed=0)

@@ -10,7 +10,8 @@ import gemmc
 from gemmc.errors import GemmcError
 from gemmc.schedule import is_valid
 from gemmc.search.simulate import group_problems
-from gemmc.search.strategy import Measurement, SearchProblem, make_strategy, run_search
+from gemmc.search.registry import make_strategy
+from gemmc.search.strategy import Measurement, SearchProblem, run_search
 from gemmc.search.synthetic import synthetic_records
 
 torch.set_num_threads(1)
@@ -145,7 +146,7 @@ def test_rl_reads_the_default_db_policy(tmp_path, monkeypatch, policy):
 
 
 def test_policy_round_trip_keeps_everything(policy):
-    from gemmc.search.rl import SchedulePolicy
+    from gemmc.search.schedule_policy import SchedulePolicy
     again = SchedulePolicy.from_bytes(policy.to_bytes())
     assert again.hidden == policy.hidden and again.trained_shapes == policy.trained_shapes == 2
     assert again.feature_spec == policy.feature_spec
@@ -156,7 +157,7 @@ def test_policy_round_trip_keeps_everything(policy):
 @pytest.mark.parametrize("blob", [b"", b"not a policy", b"PK\x03\x04garbage"])
 def test_unreadable_policy_is_a_gemmc_error(blob):
     """`gemmc-search tune --strategy rl` prints a GemmcError as one line; anything else is a traceback."""
-    from gemmc.search.rl import SchedulePolicy
+    from gemmc.search.schedule_policy import SchedulePolicy
     with pytest.raises(GemmcError, match="train-policy"):
         SchedulePolicy.from_bytes(blob)
 
@@ -165,7 +166,7 @@ def test_stale_policy_is_a_gemmc_error(policy):
     import dataclasses
 
     from gemmc.search.features import FeatureSpec
-    from gemmc.search.rl import SchedulePolicy
+    from gemmc.search.schedule_policy import SchedulePolicy
     old = SchedulePolicy(hidden=8)
     old.feature_spec = dataclasses.replace(FeatureSpec(), version=0)
     with pytest.raises(GemmcError, match="retrain"):

@@ -23,8 +23,8 @@ strategies on the CPU; its functions are exported here:
 `simulate_strategies` is `gemmc.search.simulate.simulate`, renamed so that `gemmc.search.simulate` stays the
 submodule.
 """
-from .strategy import (STRATEGIES, Measurement, SearchProblem, Strategy, make_strategy,  # noqa: F401
-                       run_search)
+from .registry import STRATEGIES, make_strategy  # noqa: F401
+from .strategy import Measurement, SearchProblem, Strategy, run_search  # noqa: F401
 # the simulator's functions, as `gemmc-search simulate` calls them
 from .simulate import group_problems, load_records  # noqa: F401
 from .simulate import simulate as simulate_strategies  # noqa: F401

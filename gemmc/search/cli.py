@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import GemmcError
-from .strategy import STRATEGIES
+from .registry import STRATEGIES
 
 
 class UsageError(GemmcError):
@@ -382,7 +382,8 @@ def tune_shapes(shapes, *, dtype: str, arch: str, strategy: str, budget: int, ba
     from ..schedule import is_valid
     from ..spec import GemmSpec
     from .db import ALSO
-    from .strategy import SearchProblem, make_strategy, run_search
+    from .registry import make_strategy
+    from .strategy import SearchProblem, run_search
     kw = {"policy": _rl_policy(db, gpu_name, seed, progress)} if strategy == "rl" else {}
     strat = make_strategy(strategy, seed=seed, **kw)
     bar = tqdm(total=len(shapes) * (budget + confirm), desc=f"tune ({strategy})", unit="meas", file=sys.stderr,

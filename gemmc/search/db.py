@@ -642,7 +642,7 @@ class TuningDB:
         r = self.conn.execute("SELECT * FROM policies WHERE name = ?", (name,)).fetchone()
         if r is None:
             return None
-        from .rl import SchedulePolicy
+        from .schedule_policy import SchedulePolicy     # imports torch: only where a policy is loaded
         pol = SchedulePolicy.from_bytes(bytes(r["blob"]))
         pol.gpu_name = _policy_gpu(r)
         return pol

@@ -20,7 +20,8 @@ from typing import Callable, Optional, Sequence
 from ..errors import GemmcError
 from ..schedule import Schedule, is_valid
 from ..spec import GemmSpec
-from .strategy import Measurement, SearchProblem, best_so_far, make_strategy, run_search
+from .registry import make_strategy
+from .strategy import Measurement, SearchProblem, best_so_far, run_search
 
 
 PROGRESS_EVERY_S = 10.0     # a run through many problems says how far it is at least this often

@@ -157,23 +157,3 @@ def best_so_far(results: Sequence[Measurement]) -> list[float]:
             cur = min(cur, r.time_us)
         out.append(cur)
     return out
-
-
-STRATEGIES = ("exhaustive", "random", "bayes", "rl")
-
-
-def make_strategy(name: str, seed: int = 0, **kw) -> Strategy:
-    """Build a strategy by name. `rl` takes `policy=` (a trained `SchedulePolicy`)."""
-    if name == "exhaustive":
-        from .exhaustive import ExhaustiveStrategy
-        return ExhaustiveStrategy(seed=seed, **kw)
-    if name == "random":
-        from .random_search import RandomStrategy
-        return RandomStrategy(seed=seed, **kw)
-    if name == "bayes":
-        from .bayes import BayesStrategy
-        return BayesStrategy(seed=seed, **kw)
-    if name == "rl":
-        from .rl import RLStrategy
-        return RLStrategy(seed=seed, **kw)
-    raise ValueError(f"unknown strategy {name!r}; use one of {', '.join(STRATEGIES)}")
