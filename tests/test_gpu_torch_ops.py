@@ -206,3 +206,34 @@ def test_compile_default_training_gradients_match_eager():
             assert rel_error(g, e) <= 2 * 2.0 ** -8, rel_error(g, e)
         model.zero_grad()
     torch._dynamo.reset()
+
+
+def test_compile_static_rows_trace_torch_routes_as_f_linear():
+    """Under torch.compile with static shapes, a plain Linear at an M that `auto` routes to torch.matmul is
+    traced as aten's own linear (no gemmc op in the graph, the result bit-equal to F.linear); at an M a
+    gemmc kernel runs, the graph calls the gemmc op."""
+    from gemmc.torch_ops.functional import auto_routes_to_torch
+    n, k = 1024, 4096
+    w = randn(n, k, scale=0.02)
+    routes = {m: auto_routes_to_torch(n, k, BF16, m) for m in (1, 16, 64, 256, 2048, 4096)}
+    if not any(routes.values()) or all(routes.values()):
+        pytest.skip(f"the shipped table routes {n}x{k} the same way at every M ({routes})")
+    for m, to_torch in routes.items():
+        graphs = []
+
+        def capture(gm, example_inputs):
+            graphs.append(str(gm.graph))
+            return gm.forward
+
+        torch._dynamo.reset()
+        fn = torch.compile(lambda x: gto.linear(x, w), backend=capture, fullgraph=True, dynamic=False)
+        x = randn(m, k)
+        with torch.no_grad():
+            y = fn(x)
+        (graph,) = graphs
+        assert ("gemmc" not in graph) == to_torch, (m, to_torch, graph)
+        if to_torch:
+            assert torch.equal(y, F.linear(x, w)), m
+        else:
+            ref = x.float() @ w.float().T
+            assert_within_bound(f"M={m}", y, F.linear(x, w), ref)

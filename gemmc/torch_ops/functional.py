@@ -4,8 +4,14 @@ Both call the custom ops (ops.py) wherever torch must see them: under torch.comp
 tracing, on CPU tensors, and where autograd needs gradients. An eager call on plain CUDA tensors that needs no
 gradient runs the same CUDA implementation directly, without the dispatcher's round trip (several times the
 host time of the kernel call itself): same kernels, same result, same errors.
+
+Under torch.compile with a static row count, a plain Linear (no bias, no activation) whose M bucket `auto`
+routes to torch.matmul is traced as F.linear itself: the route is decided once, while tracing, and the
+compiled graph calls cuBLAS with no custom op (a custom op call costs tens of us of host time per call).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -17,12 +23,33 @@ from . import ops  # noqa: F401  (defines torch.ops.gemmc.*)
 _LINEAR = torch.ops.gemmc.linear.default
 _GEMM = torch.ops.gemmc.gemm.default
 _Tensor = torch.Tensor
+_torch_linear = torch.nn.functional.linear
 
 
 def _direct(t) -> bool:
     """True for a plain CUDA tensor outside any tracing (no dynamo frame, no dispatch mode, no tensor subclass)."""
     return (not torch.compiler.is_compiling() and type(t) is _Tensor and t.is_cuda
             and not torch._C._len_torch_dispatch_stack())
+
+
+@torch.compiler.assume_constant_result
+def auto_routes_to_torch(n: int, k: int, dtype: torch.dtype, rows: int) -> bool:
+    """True where the plain Linear kernel of weight [n, k] runs torch.matmul at `rows` rows (its M bucket's
+    `auto` verdict). Dynamo runs it once while tracing and keeps the answer as a constant."""
+    from .kernels import linear_kernel
+    try:
+        return linear_kernel(n, k, dtype, False, "none").for_m(rows)[1] is None
+    except Exception:       # anything gemmc cannot compile: the op's path, whose checks say why
+        return False
+
+
+def _static_rows(x: torch.Tensor, weight: torch.Tensor) -> int | None:
+    """M of a well-formed Linear call whose shape is static while tracing, else None."""
+    shape = x.shape
+    if (x.dim() < 1 or weight.dim() != 2 or x.dtype is not weight.dtype or not (x.is_cuda and weight.is_cuda)
+            or shape[-1] != weight.shape[1] or not all(type(s) is int for s in shape)):
+        return None
+    return math.prod(shape[:-1]) or None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -36,7 +63,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         check_linear_call(x, weight, bias, activation)
         raise
     if not grad:
-        return run_linear(x, weight, bias, activation) if _direct(x) else _LINEAR(x, weight, bias, activation)
+        if _direct(x):
+            return run_linear(x, weight, bias, activation)
+        if bias is None and activation == "none" and torch.compiler.is_compiling():
+            rows = _static_rows(x, weight)
+            if rows is not None and auto_routes_to_torch(weight.shape[0], weight.shape[1], weight.dtype, rows):
+                return _torch_linear(x, weight)
+        return _LINEAR(x, weight, bias, activation)
     if activation in NEEDS_PREACTIVATION:
         # Training: the bias-only kernel and torch's activation, so autograd saves z; the fused op's backward
         # would recompute z with a whole GEMM (the epilogue's fusion saves less than that GEMM costs).
