@@ -120,13 +120,21 @@ def test_tune_settle_reaches_the_runner_and_is_checked(tmp_path, capsys, monkeyp
     assert seen["timing"].repeats == 4 and seen["timing"].sustained_s == 1.0
 
 
-def test_tune_fresh_reaches_tune_shapes(tmp_path, monkeypatch):
+def test_the_tune_loop_is_gemmc_search_tune_and_imports_without_the_cli():
+    """A script tunes through `gemmc.search.tune` (the loop `gemmc-search tune` runs) without the CLI module."""
+    code = ("import sys; import gemmc.search as s; from gemmc.search.tuning import tune; "
+            "assert s.tune is tune; print('gemmc.search.cli' in sys.modules, 'tqdm' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_tune_fresh_reaches_the_tune_loop(tmp_path, monkeypatch):
     """The CLI passes --fresh through (default off), with a fake GPU and no measurements."""
     import gemmc.search.cli as climod
     import gemmc.search.runner as runner_mod
     seen = []
     monkeypatch.setattr(runner_mod.Runner, "gpu_name", staticmethod(lambda: "fake"))
-    monkeypatch.setattr(climod, "tune_shapes", lambda shapes, **kw: seen.append(kw["fresh"]) or [])
+    monkeypatch.setattr(climod, "tune", lambda shapes, **kw: seen.append(kw["fresh"]) or [])
     db = str(tmp_path / "t.sqlite")
     for extra, want in (([], False), (["--fresh"], True)):
         assert main(["--db", db, "tune", "--suite", "llm", "--sample", "1", "--budget", "2", "--workers", "1",
@@ -157,15 +165,16 @@ class _FakeRunner:
 
 def test_tune_writes_every_measurement_and_resumes(tmp_path, capsys):
     from gemmc.bench.suites import Shape
-    from gemmc.search.cli import print_summary, tune_shapes
+    from gemmc.search import tune
+    from gemmc.search.cli import print_summary
     db = TuningDB(tmp_path / "t.sqlite")
     shapes = [Shape(64, 4096, 4096), Shape(2048, 2048, 2048)]
     runner = _FakeRunner()
     kw = dict(dtype="bf16", arch="sm_90a", strategy="bayes", batch=3, db=db, builder=_InlineBuilder(),
               runner=runner, gpu_name="fake", progress=False, confirm=0)
-    tune_shapes(shapes, budget=5, **kw)
+    tune(shapes, budget=5, **kw)
     assert db.count() == 10
-    summary = tune_shapes(shapes, budget=8, symbolic=True, **kw)   # resume: 3 more per shape, none repeated
+    summary = tune(shapes, budget=8, symbolic=True, **kw)   # resume: 3 more per shape, none repeated
     assert db.count() == 16
     for sh in shapes:
         rows = [r for r in db.rows() if (r["m"], r["n"], r["k"]) == (sh.m, sh.n, sh.k)]
@@ -193,12 +202,12 @@ def _drifting(fail_at=None):
 
 def _tune(db, measure, budget=6, confirm=3, fresh=False):
     from gemmc.bench.suites import Shape
-    from gemmc.search.cli import tune_shapes
+    from gemmc.search import tune
     from gemmc.search.runner import Runner
     shape = Shape(64, 4096, 4096)
-    tune_shapes([shape], dtype="bf16", arch="sm_90a", strategy="bayes", budget=budget, batch=2, db=db,
-                builder=_InlineBuilder(), runner=Runner(measure_fn=measure), gpu_name="fake", progress=False,
-                confirm=confirm, fresh=fresh)
+    tune([shape], dtype="bf16", arch="sm_90a", strategy="bayes", budget=budget, batch=2, db=db,
+         builder=_InlineBuilder(), runner=Runner(measure_fn=measure), gpu_name="fake", progress=False,
+         confirm=confirm, fresh=fresh)
     return gemmc.GemmSpec(shape.m, shape.n, shape.k)
 
 
@@ -294,16 +303,16 @@ def test_after_an_upgrade_confirm_re_measures_the_stale_top(tmp_path, monkeypatc
 def test_fresh_searches_the_budget_again_under_a_new_gemmc(tmp_path, monkeypatch):
     """--fresh after an upgrade: the budget counts only the running version's rows, so the search runs
     again (re-measuring schedules an older gemmc measured); without it, a spent budget searches nothing."""
-    import gemmc.search.cli as climod
     import gemmc.search.db as dbmod
+    import gemmc.search.tuning as tuningmod
     db = TuningDB(tmp_path / "t.sqlite")
-    for mod in (dbmod, climod):
+    for mod in (dbmod, tuningmod):
         monkeypatch.setattr(mod, "__version__", "0.1.0")
     measure, _ = _drifting()
     spec = _tune(db, measure, confirm=0)
     old = {r["schedule"] for r in db.rows()}
     assert len(old) == 6
-    for mod in (dbmod, climod):
+    for mod in (dbmod, tuningmod):
         monkeypatch.setattr(mod, "__version__", "0.2.0")
     again, calls = _drifting()
     _tune(db, again, confirm=0)
@@ -380,21 +389,21 @@ def test_tune_also_measures_listed_schedules_once_and_keeps_them_out_of_the_stra
                parse_schedule("128x16x64_pp_k8_swap")]          # the last is invalid (swapped: split_k <= 4)
     measure, calls = _drifting()
 
-    def tune(budget):
+    def tune_to(budget):
         from gemmc.bench.suites import Shape
-        from gemmc.search.cli import tune_shapes
+        from gemmc.search import tune
         from gemmc.search.runner import Runner
-        tune_shapes([Shape(256, 4096, 4096)], dtype="bf16", arch="sm_90a", strategy="bayes", budget=budget, batch=2,
-                    db=db, builder=_InlineBuilder(), runner=Runner(measure_fn=measure), gpu_name="fake",
-                    progress=False, confirm=0, also=swapped)
-    tune(4)
+        tune([Shape(256, 4096, 4096)], dtype="bf16", arch="sm_90a", strategy="bayes", budget=budget, batch=2,
+             db=db, builder=_InlineBuilder(), runner=Runner(measure_fn=measure), gpu_name="fake",
+             progress=False, confirm=0, also=swapped)
+    tune_to(4)
     also = [r for r in db.rows() if r["strategy"] == ALSO]
     assert [gemmc.Schedule.from_dict(json.loads(r["schedule"])) for r in also] == swapped[:2]
     assert calls[-2:] == swapped[:2]
     searched = lambda: [r for r in db.rows() if r["strategy"] == "bayes"]   # noqa: E731
     assert len(searched()) == 4
     n = len(calls)
-    tune(6)          # resume with a bigger budget: 2 more searched (the swapped rows do not count), none re-measured;
+    tune_to(6)          # resume with a bigger budget: 2 more searched (the swapped rows do not count), none re-measured;
     # M = 256 is past SWAP_MAX_M, so swapped schedules come only from --also
     assert len(searched()) == 6 and not any(s.swap_ab for s in calls[n:])
     assert len([r for r in db.rows() if r["strategy"] == ALSO]) == 2
@@ -407,16 +416,16 @@ def test_tune_searches_swapped_kernels_for_decode_shapes(tmp_path):
     """At M <= 32 the swapped decode space joins the strategy's candidates; where swapping pays (here a
     measure_fn that halves swapped times), the search finds it within a small budget."""
     from gemmc.bench.suites import Shape
-    from gemmc.search.cli import tune_shapes
+    from gemmc.search import tune
     from gemmc.search.runner import Runner
     from gemmc.search.synthetic import model_time_us
     db = TuningDB(tmp_path / "t.sqlite")
 
     def measure(spec, s, arch):
         return Measurement(s, model_time_us(s, spec) * (0.5 if s.swap_ab else 1.0), None, cublas_us=20.0)
-    (_, best), = tune_shapes([Shape(16, 4096, 4096)], dtype="bf16", arch="sm_90a", strategy="bayes", budget=8,
-                             batch=2, db=db, builder=_InlineBuilder(), runner=Runner(measure_fn=measure),
-                             gpu_name="fake", progress=False, confirm=0)
+    (_, best), = tune([Shape(16, 4096, 4096)], dtype="bf16", arch="sm_90a", strategy="bayes", budget=8,
+                      batch=2, db=db, builder=_InlineBuilder(), runner=Runner(measure_fn=measure),
+                      gpu_name="fake", progress=False, confirm=0)
     searched = [gemmc.Schedule.from_dict(json.loads(r["schedule"])) for r in db.rows()]
     assert len(searched) == 8 and any(s.swap_ab for s in searched)
     assert best.schedule.swap_ab
@@ -436,7 +445,7 @@ def test_tune_sustained_searches_a_long_call_again_at_its_own_clock(tmp_path, ca
     toward the budget nor reach the strategy; the new rows are stored as sustained and, once present, alone
     decide the verdict. A short call keeps its rows (`--sustained-s` times it interleaved anyway)."""
     from gemmc.bench.suites import Shape
-    from gemmc.search.cli import tune_shapes
+    from gemmc.search import tune
     from gemmc.search.runner import Runner
     from gemmc.search.strategy import SUSTAINED
 
@@ -454,9 +463,9 @@ def test_tune_sustained_searches_a_long_call_again_at_its_own_clock(tmp_path, ca
     long, short = Shape(4096, 4096, 4096), Shape(64, 4096, 4096)
     kw = dict(dtype="bf16", arch="sm_90a", strategy="random", batch=2, db=db, builder=_InlineBuilder(),
               gpu_name="fake", progress=False, confirm=0)
-    tune_shapes([long, short], budget=4, runner=Runner(measure_fn=measure_for(False)), **kw)
+    tune([long, short], budget=4, runner=Runner(measure_fn=measure_for(False)), **kw)
     assert db.count() == 8 and db.best(gemmc.GemmSpec(4096, 4096, 4096), "sm_90a", "fake").speedup == pytest.approx(1.2)
-    tune_shapes([long, short], budget=4, runner=Runner(measure_fn=measure_for(True)), sustained=True, **kw)
+    tune([long, short], budget=4, runner=Runner(measure_fn=measure_for(True)), sustained=True, **kw)
     rows = db.rows()
     long_rows = [r for r in rows if r["m"] == 4096]
     first = long_rows[:4]

@@ -147,7 +147,7 @@ def test_tune_retrains_the_policy_on_the_gpu_it_tuned_on(tmp_path, capsys, monke
     with TuningDB(path) as db:
         _two_gpu_rows(db)
     monkeypatch.setattr(runner_mod.Runner, "gpu_name", staticmethod(lambda: H100))
-    monkeypatch.setattr(climod, "tune_shapes", lambda shapes, **kw: [])
+    monkeypatch.setattr(climod, "tune", lambda shapes, **kw: [])
     assert climod.main(["--db", str(path), "tune", "--suite", "llm", "--sample", "1", "--budget", "2",
                         "--workers", "1"]) == 0
     assert f"policy retrained on 2 problems measured on {H100}" in capsys.readouterr().err

@@ -147,7 +147,7 @@ class _InlineBuilder:
 
 def test_tune_confirms_the_next_best_when_the_best_fails_its_check_on_re_measure(tmp_path, capsys):
     from gemmc.bench.suites import Shape
-    from gemmc.search.cli import tune_shapes
+    from gemmc.search import tune
     from gemmc.search.runner import Runner
     from gemmc.search.synthetic import model_time_us
     seen = []
@@ -164,9 +164,9 @@ def test_tune_confirms_the_next_best_when_the_best_fails_its_check_on_re_measure
     spec = gemmc.GemmSpec(shape.m, shape.n, shape.k)
     kw = dict(dtype="bf16", arch="sm_90a", strategy="bayes", batch=2, db=db, builder=_InlineBuilder(),
               runner=Runner(measure_fn=measure), gpu_name="fake", progress=False)
-    tune_shapes([shape], budget=6, confirm=0, **kw)
+    tune([shape], budget=6, confirm=0, **kw)
     first_best.append(db.best(spec, "sm_90a", "fake").schedule)
-    ((_, best),) = tune_shapes([shape], budget=6, confirm=2, **kw)
+    ((_, best),) = tune([shape], budget=6, confirm=2, **kw)
     assert best.schedule != first_best[0]
     assert [d.schedule for d in db.disqualified()] == first_best
     confirmed = db.confirmed(spec, "sm_90a", "fake")
@@ -205,7 +205,7 @@ def test_a_crashing_compile_worker_is_recorded_and_the_others_build():
 def test_a_tune_records_a_crashed_compile_and_a_resume_does_not_propose_it_again(tmp_path):
     from gemmc.bench.suites import Shape
     from gemmc.search.builder import Builder
-    from gemmc.search.cli import tune_shapes
+    from gemmc.search import tune
     from gemmc.search.runner import Runner
     shape = Shape(256, 1024, 512)
     spec = gemmc.GemmSpec(shape.m, shape.n, shape.k)
@@ -217,9 +217,9 @@ def test_a_tune_records_a_crashed_compile_and_a_resume_does_not_propose_it_again
         measured.append(s)
         return Measurement(s, 10.0, None, cublas_us=11.0)
     with Builder(crashing_compile, workers=2, timeout_s=120.0) as b:
-        tune_shapes([shape], dtype="bf16", arch="sm_90a", strategy="random", budget=2, batch=2, db=db,
-                    builder=b, runner=Runner(measure_fn=measure), gpu_name="fake", progress=False, confirm=0,
-                    also=[crash])
+        tune([shape], dtype="bf16", arch="sm_90a", strategy="random", budget=2, batch=2, db=db,
+             builder=b, runner=Runner(measure_fn=measure), gpu_name="fake", progress=False, confirm=0,
+             also=[crash])
     rows = db.rows()
     for r in rows:
         s = gemmc.Schedule.from_dict(json.loads(r["schedule"]))
@@ -228,9 +228,9 @@ def test_a_tune_records_a_crashed_compile_and_a_resume_does_not_propose_it_again
     assert len(measured) == sum(r["error"] is None for r in rows)
     n = db.count()
     with Builder(crashing_compile, workers=2, timeout_s=120.0) as b:       # resume: nothing left to do
-        tune_shapes([shape], dtype="bf16", arch="sm_90a", strategy="random", budget=2, batch=2, db=db,
-                    builder=b, runner=Runner(measure_fn=measure), gpu_name="fake", progress=False, confirm=0,
-                    also=[crash])
+        tune([shape], dtype="bf16", arch="sm_90a", strategy="random", budget=2, batch=2, db=db,
+             builder=b, runner=Runner(measure_fn=measure), gpu_name="fake", progress=False, confirm=0,
+             also=[crash])
     assert db.count() == n
 
 
@@ -311,7 +311,7 @@ def _gpu_runner():
 
 def test_a_sticky_cuda_error_stops_the_tune_and_a_resume_measures_the_rest(tmp_path, fake_gpu, capsys):
     from gemmc.bench.suites import Shape
-    from gemmc.search.cli import tune_shapes
+    from gemmc.search import tune
     from gemmc.search.runner import GpuLostError
     shape = Shape(256, 1024, 512)
     spec = gemmc.GemmSpec(shape.m, shape.n, shape.k)
@@ -321,7 +321,7 @@ def test_a_sticky_cuda_error_stops_the_tune_and_a_resume_measures_the_rest(tmp_p
     order = [m.schedule for m in _dry_order(tmp_path, kw, shape)]
     fake_gpu.bad = {order[2]}
     with pytest.raises(GpuLostError, match="left the GPU unusable") as e:
-        tune_shapes([shape], runner=_gpu_runner(), **kw)
+        tune([shape], runner=_gpu_runner(), **kw)
     assert order[2].short() in str(e.value) and "gemmc-search tune" in str(e.value)
     rows = db.rows()
     # the two before it, and the one that broke the GPU; nothing poisoned after it
@@ -329,7 +329,7 @@ def test_a_sticky_cuda_error_stops_the_tune_and_a_resume_measures_the_rest(tmp_p
     assert rows[2]["error"].startswith("run: RuntimeError: CUDA error: an illegal memory access")
     assert "left the GPU unusable" in rows[2]["error"] and all(r["error"] is None for r in rows[:2])
     fake_gpu.cuda.error = None                     # a new process: a fresh CUDA context
-    tune_shapes([shape], runner=_gpu_runner(), **kw)
+    tune([shape], runner=_gpu_runner(), **kw)
     rows = db.rows()
     assert len(rows) == 6 and sum(r["error"] is not None for r in rows) == 1
     assert db.best(spec, "sm_90a", "fake") is not None
@@ -345,11 +345,11 @@ def test_a_gpu_broken_before_a_measurement_stores_nothing_of_it(fake_gpu):
 
 def _dry_order(tmp_path, kw, shape):
     """The schedules the tune measures, in order (a dry run on another DB with an injected runner)."""
-    from gemmc.search.cli import tune_shapes
+    from gemmc.search import tune
     from gemmc.search.runner import Runner
     dry = TuningDB(tmp_path / "dry.sqlite")
-    tune_shapes([shape], runner=Runner(measure_fn=lambda spec, s, arch: Measurement(s, 10.0, None, 11.0)),
-                **{**kw, "db": dry})
+    tune([shape], runner=Runner(measure_fn=lambda spec, s, arch: Measurement(s, 10.0, None, 11.0)),
+         **{**kw, "db": dry})
     return [m for m in dry.prior(gemmc.GemmSpec(shape.m, shape.n, shape.k), "sm_90a")]
 
 
@@ -384,7 +384,7 @@ def test_the_runner_spins_the_clocks_up_after_an_idle_gap_not_between_back_to_ba
 # ---- 6. the bar shows compile progress --------------------------------------------------------------------
 
 def test_the_bar_shows_how_many_of_the_batch_compiled():
-    from gemmc.search.cli import _build_and_measure
+    from gemmc.search.tuning import _build_and_measure
     from gemmc.search.runner import Runner
 
     class Bar:

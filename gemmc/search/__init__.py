@@ -7,7 +7,7 @@ schedules from `gemmc.schedule.enumerate_schedules`) and the history of `Measure
     results = run_search(strat, SearchProblem.of(spec), evaluate, budget=16, batch=4, prior=db.prior(...))
 
 `evaluate(list[Schedule]) -> list[Measurement]` is the Builder + Runner on a GPU (see
-`cli.tune_shapes`), or a recorded dataset (`simulate.RecordedProblem.evaluate`) on the CPU.
+`tune`, the loop `gemmc-search tune` runs), or a recorded dataset (`simulate.RecordedProblem.evaluate`) on the CPU.
 
 `gemmc.dispatch.resolve_auto` turns the tuning DB into `schedule="auto"` decisions, by the DB's paired
 verdict (`db.TuningDB.best`: the highest cuBLAS / gemmc timed in the same runs, as the geometric mean of a
@@ -25,9 +25,10 @@ submodule.
 """
 from .registry import STRATEGIES, make_strategy  # noqa: F401
 from .strategy import Measurement, SearchProblem, Strategy, run_search  # noqa: F401
+from .tuning import tune  # noqa: F401
 # the simulator's functions, as `gemmc-search simulate` calls them
 from .simulate import group_problems, load_records  # noqa: F401
 from .simulate import simulate as simulate_strategies  # noqa: F401
 
-__all__ = ["STRATEGIES", "Measurement", "SearchProblem", "Strategy", "make_strategy", "run_search",
+__all__ = ["STRATEGIES", "Measurement", "SearchProblem", "Strategy", "make_strategy", "run_search", "tune",
            "group_problems", "load_records", "simulate_strategies"]
