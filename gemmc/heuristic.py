@@ -39,52 +39,33 @@ per input element, split-K factor S, batch L, P the SM count (`num_sms`, default
    t_dram = bytes / achieved bandwidth.
 6. time = max(t_compute, t_dram) + 0.1*min(t_compute, t_dram) + T_FILL, plus under split-K the reduce
    kernel that reads the partials and runs the epilogue: T_FIX + L*M*N*(4*S + out + full inputs)/B_DRAM.
-   (Fitted when every split-K ran that second kernel. Since gemmc 0.3.2 a 2-split kernel sums its partials
-   itself, about 4% faster on the measured checks, which the model does not credit: its 2-split picks stand.)
+   (Fitted when every split-K ran that second kernel. A 2-split kernel now sums its partials itself, a little
+   faster, which the model does not credit: its 2-split picks stand.)
    score = 2*L*M*N*K / time.
 
 7. Decode on sm_90a (M <= 16, N and K >= 3072): a swapped schedule (swap_ab) is modeled as its kernel's
-   own problem, M and N exchanged, which ranks the measured decode winners near the top (the search's
-   prior) but not reliably first, so a measured rule comes first: `DECODE_SWAP` (64x16x128 ping-pong,
-   10 stages, swap_ab) beat cuBLAS by 1.045x (geometric mean, minimum 0.994x) over the 16 Llama-3 decode
-   shapes on the H200, where the model's own unswapped picks (split-K) measured about 0.98x. For M <= 8,
-   `DECODE_SWAP_NARROW` (the same with an 8-wide activation tile): over the 6 Llama-3 shapes at M = 1 that
-   the session-10 tune measured both on (gemmc 0.3.0, paired against cuBLAS), 1.127x against 1.105x,
-   never slower (bench/results/2026-12-01-h200-llm-tuning-db-session10.json). The bound on N and K was
-   4096 until four shapes outside the suite measured the narrow rule against the model's pick (H200,
-   session 11, bench/results/2026-12-01-h200-session11.json): 1x18944x3584 1.114x against 0.914x,
-   8x18944x3584 1.133 against 0.958, 1x9216x3072 1.193 against 0.970, 8x9216x3072 1.222 against 1.051.
+   own problem, M and N exchanged, which ranks the decode winners near the top (the search's prior) but not
+   reliably first, so a measured rule comes first: `DECODE_SWAP` (64x16x128 ping-pong, 10 stages, swap_ab),
+   and for M <= 8 `DECODE_SWAP_NARROW` (the same with an 8-wide activation tile).
 8. Small batches on sm_90a (8 < M <= 128, 4096 <= N <= 8192, K >= 4096), before step 7: a swapped
    kernel whose 1x2 cluster multicasts each weight tile to two activation tiles (`ScheduleSpace.swapped_batch`,
    and the pairs of `swapped_decode`). Of the measured `BATCH_SWAPS` for M's activation tile width, the
    one with the most CTAs that still fit in one wave: ceil(N/BM) * ceil(M/BN) <= P (first listed on a
-   tie); none fits: step 7 or the model. H200 A/B against the model's own picks at M = 40-128
-   (bench/results/2026-11-30-h200-session7.json, "heuristic_batch_ab"): over the 10 llm shapes it covers
-   0.986x -> 1.046x cuBLAS (geomean), over 10 other shapes 0.932x -> 0.977x, worst single loss 1.4%; at
-   M = 16/32 ("pair_n8_scan") the picked pair beats the best unpaired kernel on 8 of the 9 shapes, by up to 6%;
-   on 10 shapes outside the suite with M = 10-32 ("heuristic_pair_ab") 0.980x -> 1.093x, none slower.
-   The 64-wide pairs (M > 64) only from M = 112 (`BATCH_WIDE_MIN_M`, tiles at least 7/8 full); below, the
-   model picks: at M = 72-104 on 24 K-heavy shapes, the pairs read 0.900x cuBLAS and the model's picks 0.960x
-   (bench/results/2026-12-01-h200-session12.json, "batch_wide_scan"). At M = 72 the two are within 3% of
-   each other and both far below cuBLAS, which the verdict then runs.
+   tie); none fits: step 7 or the model. The 64-wide pairs (M > 64) only from M = 112 (`BATCH_WIDE_MIN_M`,
+   tiles at least 7/8 full); below, the model picks, and the verdict runs cuBLAS where both lose to it.
 9. Wide small batches on sm_90a (16 < M <= 32, N > 8192, K >= 3072), past step 8's N: `WIDE_BATCH_SWAP`, the
    swapped kernel with one 32-wide activation tile per 64-row weight tile, unpaired. The model picks
-   unswapped 64xBN tiles there, whose MMA runs 64 rows for 17-32 real ones. H200, each paired against cuBLAS
-   in one process (bench/results/2026-12-01-h200-session12.json): over the 9 shapes of other models it was
-   chosen on (M = 24/32, "wide_batch_scan") the model's pick 1.002x -> 1.074x; validated on 19 fresh shapes
-   (M = 17/20/28, N = 9216-36864, "wide_batch_validation") 0.962x -> 1.039x, worst 0.878x -> 0.981x (the
-   64-row kernel on every shape; step 10 now takes the three with N = 9216).
+   unswapped 64xBN tiles there, whose MMA runs 64 rows for 17-32 real ones.
 10. Grids that run slow, steps 7-9: the swapped rules' 64-row weight tiles make ceil(N/64) CTAs (step 8's
    pairs twice that per 128 rows). Two grid sizes are slow, and a 128-row tile avoids them:
    - a short second wave: more CTAs than SMs by at most a quarter of them (on 132 SMs, 8448 < N <= 10560),
-     whose last few CTAs stream alone; `TALL_SWAPS` fit one wave. H200 ("short_tail_scan"): 33 shapes with
-     N = 8960-10496, M = 1-32, 1.149x -> 1.240x cuBLAS, faster on every one; past the bound (N = 11008-16384,
-     25 shapes) the 64-row tiles read 1.095x against 1.059x;
+     whose last few CTAs stream alone; `TALL_SWAPS` fit one wave;
    - at M <= 16, a grid in the PDL middle band (`pdl_trigger_bands`: 83-117 CTAs on 132 SMs), which lets the
      next kernel launch late and skips the L2 prefetch; `MID_BAND_SWAPS` (unpaired, 128-row: half the CTAs,
-     in the early band). H200: chosen on 25 shapes (N = 5632-7168, M = 1-16, "mid_band_scan") 1.098x ->
-     1.173x, validated on 31 fresh ones ("mid_band_validation") 1.064x -> 1.128x, worst single shape -0.9%.
-     It reproduces the tuned picks of 1x6144x4096 and 16x6144x4096, which the search found on its own.
+     in the early band).
+
+The measurements behind steps 7-10, the split-K note of step 6 and WAVE_TILE_MAX_M (shapes, ratios, the
+result files they come from) are in bench/results/heuristic-rules.md.
 
 Symbolic dims take `m_hint` (else 4096), `n_hint`/`k_hint` (else 4096), batch 1. The constants are
 H100/H200-class (989 TFLOP/s bf16 dense, 4.8 TB/s HBM3e, 50 MB L2) and A100 for sm_80; they set
@@ -103,7 +84,7 @@ from .spec import GemmSpec
 from .types import as_arch
 
 DEFAULT_DIM = 4096
-# step 7 of the docstring (bench/results/2026-11-30-h200-decode-session5.json, "swap_ab_scan")
+# step 7 of the docstring
 DECODE_SWAP = Schedule(tile=(64, 16, 128), mode="pingpong", stages=10, swap_ab=True)
 DECODE_SWAP_NARROW = Schedule(tile=(64, 8, 128), mode="pingpong", stages=10, swap_ab=True)   # M <= 8
 DECODE_MAX_M, DECODE_NARROW_MAX_M, DECODE_MIN_NK = 16, 8, 3072
@@ -295,8 +276,8 @@ def _tie_break(s: Schedule) -> tuple:
             s.short())
 
 
-# the wave-balancing N tiles (96, 160, 224) beat the power-of-two picks on the H200 at M = 64-256
-# (up to 1.09x, session 6) and lost at M = 1024-16384, where the model would still pick them
+# the wave-balancing N tiles (96, 160, 224) win at M <= 256 and lose at large M, where the model would still
+# pick them (bench/results/heuristic-rules.md)
 WAVE_TILE_MAX_M = 256
 
 

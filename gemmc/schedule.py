@@ -95,8 +95,8 @@ class Schedule:
     swap_ab: bool = False
     # stream-K (sm_90a, cooperative, split_k 1): whole waves of tiles run data-parallel, the last partial
     # wave's tiles and one full wave's are shared out as equal runs of (tile, k-tile) iterations, and the
-    # last CTA to finish a split tile sums the f32 partials (in cluster order) and runs the epilogue. On the
-    # H200 it rescues tiles that quantize badly but loses to a tile that already fits the grid (session 18).
+    # last CTA to finish a split tile sums the f32 partials (in cluster order) and runs the epilogue. It
+    # rescues tiles that quantize badly but loses to a tile that already fits the grid.
     stream_k: bool = False
 
     def __post_init__(self):
@@ -242,7 +242,7 @@ def ab_stage_bytes(s: Schedule, spec: GemmSpec) -> int:
 
 FIXUP_MAX_SPLITS = 2
 # swapped kernels may split K, always summed by the fix-up (their partials are small: 64-128 x 8-64 f32).
-# On the H200 no split beat the unsplit decode picks, even doubling a 64-CTA grid (sessions 14 and 19), so
+# No split beat the unsplit decode picks, even doubling a 64-CTA grid (bench/results/heuristic-rules.md), so
 # the search spaces leave them out
 SWAP_MAX_SPLITS = 4
 
@@ -250,10 +250,8 @@ SWAP_MAX_SPLITS = 4
 def split_k_mode(s: Schedule) -> str:
     """How split-K sums its partials: in the GEMM kernel, by the last split of each tile to finish ("fixup",
     sm_90a up to FIXUP_MAX_SPLITS splits), or in a second kernel ("serial"). The fix-up saves that launch but
-    sums each tile in one CTA, which reads all of the tile's partials. H200: paired in one process against
-    the second kernel, 256x4096x14336 k2 49.0 -> 46.4 us, 512x4096x28672 k2 172.8 -> 167.4 us; the 78 split-K
-    checks of the heuristic measured again on the fix-up, against their earlier figures: time x0.96 at 2
-    splits (0.88-1.05), x0.99 at 3, x1.01 at 4, x1.15-1.17 at 6-8 (bench/results/2026-12-01-h200-session13.json)."""
+    sums each tile in one CTA, which reads all of the tile's partials: it wins at 2 splits and loses from 6
+    (bench/results/heuristic-rules.md)."""
     if s.stream_k:
         return "stream"     # stream-K: the last CTA of a split tile sums its partials, as the fix-up does
     if s.split_k == 1:
