@@ -36,6 +36,7 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
+from .alignment import alignment_elems
 from .backends import EmittedKernel, Param
 from .cache import (STALE_S, Artifact, KernelCache, cache_key, default_cache, default_cache_dir,
                     dsl_version_from_metadata, share, unwritable_cache_error, versions)
@@ -129,11 +130,6 @@ def _cutlass_dtype(dtype: DType):
 
 def contiguous_index(p: Param) -> int:
     return p.contiguous % len(p.shape) if p.shape else 0
-
-
-def alignment_elems(dtype: DType) -> int:
-    """Elements per 16 bytes: the divisibility of a contiguous extent and of every leading dimension."""
-    return max(1, 16 // dtype.bytes)
 
 
 def dim_divisibility(params) -> dict[str, int]:

@@ -25,9 +25,8 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 from .backends import Param
 from .errors import LaunchError, PerformanceWarning
 from .file_hash import sha256_file
+from .alignment import ALIGN_BYTES as _ALIGN_BYTES, alignment_elems
 from .types import DType, torch_dtype
-
-_ALIGN_BYTES = 16
 
 
 # -- loading .so files ------------------------------------------------------------------------------
@@ -213,7 +212,7 @@ class _TensorCheck:
         self.static = tuple((i, int(d)) for i, d in enumerate(p.shape) if not isinstance(d, str))
         self.named = tuple((i, d) for i, d in enumerate(p.shape) if isinstance(d, str))
         self.sym_dims = tuple(i for i, _ in self.named)
-        self.align_elems = max(1, _ALIGN_BYTES // p.dtype.bytes)
+        self.align_elems = alignment_elems(p.dtype)
         self.shape_text = "(" + ", ".join(str(d) for d in p.shape) + ")"
         # epilogue vectors ((N,), (M,); (L, N), (L, M) in a batched kernel, whatever its batch dim) are read
         # element-wise: their length need not be a multiple of 16 bytes

@@ -12,6 +12,7 @@ import numbers
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Iterator, Union
 
+from .alignment import ALIGN_BYTES, alignment_elems
 from .errors import ScheduleError
 from .spec import GemmSpec
 from .types import DType, as_arch
@@ -295,10 +296,6 @@ def smem_bytes(s: Schedule, spec: GemmSpec) -> int:
             + BARRIER_RESERVE_BYTES)
 
 
-def alignment_elems(dtype: DType) -> int:
-    return 16 // dtype.bytes
-
-
 # ---- the predicate --------------------------------------------------------------------------
 
 def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
@@ -510,8 +507,9 @@ def launch_violations(s: Schedule, spec: GemmSpec) -> list[Violation]:
 
 def alignment_violations(spec: GemmSpec) -> list[Violation]:
     """The static contiguous dims that break 16-byte alignment: no schedule runs such a problem."""
-    return [Violation(f"16-byte alignment of {what}", f"{dim} {dt} elements",
-                      f"pad it to a multiple of {alignment_elems(dt)} (TMA and cp.async move 16-byte vectors)")
+    return [Violation(f"{ALIGN_BYTES}-byte alignment of {what}", f"{dim} {dt} elements",
+                      f"pad it to a multiple of {alignment_elems(dt)} (TMA and cp.async move {ALIGN_BYTES}-byte "
+                      "vectors)")
             for what, dim, dt in _contiguous_dims(spec) if isinstance(dim, int) and dim % alignment_elems(dt)]
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from ..alignment import ALIGN_BYTES as _ALIGN_BYTES
 from ..errors import LaunchError, SpecError
 from .activations import ACTIVATIONS
 
-_ALIGN_BYTES = 16               # gemmc's kernels load and store rows in 16-byte vectors (TMA, cp.async)
 _GEMMC_DTYPES = (torch.bfloat16, torch.float16)
 _LAYOUTS = {"a_layout": ("mk", "km"), "b_layout": ("nk", "kn")}
 

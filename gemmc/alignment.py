@@ -1,0 +1,16 @@
+"""The 16-byte rule: gemmc's kernels move rows in 16-byte vectors (TMA on sm_90a, cp.async on sm_80), so a
+matrix's contiguous extent, its other strides and its data pointer must be multiples of 16 bytes.
+
+The one place that turns the rule into element counts: the validity predicate (gemmc.schedule), the build's
+divisibility hints (gemmc.build) and the launcher's call checks (gemmc.runtime) read it from here.
+"""
+from __future__ import annotations
+
+from .types import DType
+
+ALIGN_BYTES = 16
+
+
+def alignment_elems(dtype: DType) -> int:
+    """Elements of `dtype` per 16 bytes: what a contiguous extent and every other stride must divide by."""
+    return max(1, ALIGN_BYTES // dtype.bytes)
