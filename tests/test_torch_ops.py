@@ -21,6 +21,8 @@ from gemmc.torch_ops.activations import EPILOGUE_OP, TORCH_FORWARD
 BF16 = torch.bfloat16
 LINEAR = torch.ops.gemmc.linear.default
 GEMM = torch.ops.gemmc.gemm.default
+LAUNCH_LINEAR = torch.ops.gemmc.launch_linear.default
+LAUNCH_GEMM = torch.ops.gemmc.launch_gemm.default
 TORCH_OF_EPILOGUE_OP = {op: TORCH_FORWARD[act] for act, op in EPILOGUE_OP.items() if op}
 
 
@@ -87,7 +89,7 @@ def test_make_fx_symbolic_traces_both_ops_with_symbolic_rows():
     args = (torch.randn(5, 16), torch.randn(8, 16), torch.randn(8), torch.randn(6, 8), torch.randn(6, 16))
     gm = make_fx(f, tracing_mode="symbolic")(*args)
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
-    assert [n.target for n in calls] == [LINEAR, GEMM]
+    assert [n.target for n in calls] == [LAUNCH_LINEAR, LAUNCH_GEMM]     # the public ops decompose to their kernel ops
     assert calls[0].args[3] == "gelu" and calls[1].args[2:] == ("km", "kn")
     rows = calls[0].meta["val"].shape[0]
     assert isinstance(rows, torch.SymInt) and calls[0].meta["val"].shape[1] == 8

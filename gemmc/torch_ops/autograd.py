@@ -1,4 +1,5 @@
-"""The backward formulas of gemmc::linear and gemmc::gemm, registered with torch.library.register_autograd.
+"""The backward formulas of gemmc::linear and gemmc::gemm: the autograd.Functions their ops run where a gradient
+is needed (ops.py).
 
 For y = act(z), z = x @ W.T + b (x flattened to [M, K], W [N, K]) and dZ = dY * act'(z):
   dX = dZ @ W      a gemmc GEMM: A = dZ [M, N] "mk", B = W [N, K] read as "kn"
@@ -6,14 +7,16 @@ For y = act(z), z = x @ W.T + b (x flattened to [M, K], W [N, K]) and dZ = dY * 
                    (the tokens), symbolic in its kernel, so one kernel serves every batch size
   db = dZ summed over the rows
 relu's derivative comes from the output's sign; gelu, gelu_tanh and silu need z, which the backward
-recomputes with the bias-only gemmc kernel. The backward calls only ops (the custom ops and aten), so
+recomputes with the bias-only gemmc kernel. The backward calls only ops (gemmc's and aten's), so
 AOTAutograd traces it under torch.compile.
 """
 from __future__ import annotations
 
+import torch
+
 from .activations import NEEDS_PREACTIVATION, activation_backward
 from .functional import gemm, linear
-from .ops import gemm_op, linear_op
+from .ops import LAUNCH_GEMM, LAUNCH_LINEAR, define_public_ops
 
 _OTHER_B = {"nk": "kn", "kn": "nk"}
 
@@ -28,19 +31,24 @@ def linear_grads(needs_input_grad, dz, x, weight, has_bias: bool):
     return dx, dw, db
 
 
-def _linear_setup_context(ctx, inputs, output):
-    x, weight, bias, activation = inputs
-    ctx.activation = activation
-    ctx.has_bias = bias is not None
-    ctx.save_for_backward(x, weight, bias, output if activation == "relu" else None)
+class LinearFunction(torch.autograd.Function):
+    """y = act(x @ weight.T + bias) through the kernel op, with gemmc's backward."""
 
+    @staticmethod
+    def forward(ctx, x, weight, bias, activation):
+        y = LAUNCH_LINEAR(x, weight, bias, activation)
+        ctx.activation = activation
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight, bias, y if activation == "relu" else None)
+        return y
 
-def _linear_backward(ctx, grad):
-    x, weight, bias, y = ctx.saved_tensors
-    activation = ctx.activation
-    z = linear(x, weight, bias) if activation in NEEDS_PREACTIVATION else None
-    dz = activation_backward(activation, grad, z, y)
-    return (*linear_grads(ctx.needs_input_grad, dz, x, weight, ctx.has_bias), None)
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, bias, y = ctx.saved_tensors
+        activation = ctx.activation
+        z = linear(x, weight, bias) if activation in NEEDS_PREACTIVATION else None
+        dz = activation_backward(activation, grad, z, y)
+        return (*linear_grads(ctx.needs_input_grad, dz, x, weight, ctx.has_bias), None)
 
 
 def gemm_grads(needs_input_grad, grad, a, b, a_layout: str, b_layout: str):
@@ -59,17 +67,20 @@ def gemm_grads(needs_input_grad, grad, a, b, a_layout: str, b_layout: str):
     return da, db
 
 
-def _gemm_setup_context(ctx, inputs, output):
-    a, b, a_layout, b_layout = inputs
-    ctx.layouts = (a_layout, b_layout)
-    ctx.save_for_backward(a, b)
+class GemmFunction(torch.autograd.Function):
+    """C = A @ B through the kernel op, with gemmc's backward."""
 
+    @staticmethod
+    def forward(ctx, a, b, a_layout, b_layout):
+        ctx.layouts = (a_layout, b_layout)
+        ctx.save_for_backward(a, b)
+        return LAUNCH_GEMM(a, b, a_layout, b_layout)
 
-def _gemm_backward(ctx, grad):
-    a, b = ctx.saved_tensors
-    return (*gemm_grads(ctx.needs_input_grad, grad, a, b, *ctx.layouts), None, None)
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        return (*gemm_grads(ctx.needs_input_grad, grad, a, b, *ctx.layouts), None, None)
 
 
 def register() -> None:
-    linear_op.register_autograd(_linear_backward, setup_context=_linear_setup_context)
-    gemm_op.register_autograd(_gemm_backward, setup_context=_gemm_setup_context)
+    define_public_ops(LinearFunction.apply, GemmFunction.apply)

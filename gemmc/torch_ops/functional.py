@@ -1,13 +1,13 @@
 """The Python entry points: gemmc.torch_ops.linear and gemmc.torch_ops.gemm.
 
-Both call the custom ops (ops.py) wherever torch must see them: under torch.compile, make_fx or any other
+Both call the registered ops (ops.py) wherever torch must see them: under torch.compile, make_fx or any other
 tracing, on CPU tensors, and where autograd needs gradients. An eager call on plain CUDA tensors that needs no
 gradient runs the same CUDA implementation directly, without the dispatcher's round trip (several times the
 host time of the kernel call itself): same kernels, same result, same errors.
 
 Under torch.compile with a static row count, a plain Linear (no bias, no activation) whose M bucket `auto`
 routes to torch.matmul is traced as F.linear itself: the route is decided once, while tracing, and the
-compiled graph calls cuBLAS with no custom op (a custom op call costs tens of us of host time per call).
+compiled graph calls cuBLAS with no gemmc op (an op call costs several us of Python host time).
 """
 from __future__ import annotations
 
