@@ -1,0 +1,83 @@
+"""Producer of the SM90 kernel: one warp of the producer warpgroup loads A and B with TMA (multicast across the
+cluster) into the shared-memory ring, in the consumers' work order, and under PDL warms L2 and lets the next
+kernel launch.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+
+# the L2 cache policy word of evict-first (fraction 1.0)
+L2_EVICT_FIRST = 0x12F0000000000000
+
+
+class Producer:
+    """Producer methods of Sm90Gemm (facts on self)."""
+
+    @cute.jit
+    def prefetch_first_tile(self, tma_a, tAgA, tma_b, tBgB, work):
+        """PDL: before waiting for the previous grid, warm L2 with this CTA's first k-tiles. A prefetch only
+        fills L2, the point of coherence, so it is safe even if the previous kernel writes them."""
+        with cute.arch.elect_one():
+            for kt in range(cutlass.min(work.k_count, self.PDL_PREFETCH_K_TILES)):
+                cute.prefetch(tma_a, tAgA[(None, work.tile_m, work.k_begin + kt, work.tile_l)])
+                cute.prefetch(tma_b, tBgB[(None, work.tile_n, work.k_begin + kt, work.tile_l)])
+
+    @cute.jit
+    def l2_policies(self, num_m, num_n):
+        """An operand whose every tile this grid loads once (one tile, or one cluster, across the other extent:
+        decode weights) streams through L2 evict-first; 0 is the default policy."""
+        a_policy = cutlass.Int64(0)
+        b_policy = cutlass.Int64(0)
+        if cutlass.const_expr(self.A_EVICT_FIRST):
+            if (num_n + self.TILE_MNK[1] - 1) // self.TILE_MNK[1] <= self.CLUSTER_MN[1]:
+                a_policy = cutlass.Int64(L2_EVICT_FIRST)
+        if cutlass.const_expr(self.B_EVICT_FIRST):
+            if (num_m + self.TILE_MNK[0] - 1) // self.TILE_MNK[0] <= self.CLUSTER_MN[0]:
+                b_policy = cutlass.Int64(L2_EVICT_FIRST)
+        return a_policy, b_policy
+
+    @cute.jit
+    def load_tile(self, ab_pipeline, load_state, work, tma_a, tAgA, tAsA, a_mcast_mask, a_policy,
+                  tma_b, tBgB, tBsB, b_mcast_mask, b_policy):
+        """One tile's k-tiles: wait for an empty stage, load A and B (multicast), arm its full barrier."""
+        tAgA_t = tAgA[(None, work.tile_m, None, work.tile_l)]
+        tBgB_t = tBgB[(None, work.tile_n, None, work.tile_l)]
+        for kt in range(work.k_count):
+            ab_pipeline.producer_acquire(load_state)
+            full_barrier = ab_pipeline.producer_get_barrier(load_state)
+            cute.copy(tma_a, tAgA_t[(None, work.k_begin + kt)], tAsA[(None, load_state.index)],
+                      tma_bar_ptr=full_barrier, mcast_mask=a_mcast_mask, cache_policy=a_policy)
+            cute.copy(tma_b, tBgB_t[(None, work.k_begin + kt)], tBsB[(None, load_state.index)],
+                      tma_bar_ptr=full_barrier, mcast_mask=b_mcast_mask, cache_policy=b_policy)
+            ab_pipeline.producer_commit(load_state)
+            load_state.advance()
+        return load_state
+
+    @cute.jit
+    def produce(self, ab_pipeline, walk, num_m, num_n, pdl_banded, tma_a, tAgA, tAsA, a_mcast_mask,
+                tma_b, tBgB, tBsB, b_mcast_mask):
+        """The producer warp's loop over this CTA's work, in the consumers' order."""
+        load_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.AB_STAGES)
+        a_policy, b_policy = self.l2_policies(num_m, num_n)
+        position = walk.start
+        while position < walk.limit:
+            work = self.work_at(position, walk)
+            load_state = self.load_tile(ab_pipeline, load_state, work, tma_a, tAgA, tAsA, a_mcast_mask, a_policy,
+                                        tma_b, tBgB, tBsB, b_mcast_mask, b_policy)
+            position = self.next_position(position, walk, work)
+        self.finish_loads(ab_pipeline, load_state, pdl_banded)
+
+    @cute.jit
+    def finish_loads(self, ab_pipeline, load_state, pdl_banded):
+        """PDL: let the next kernel launch before this grid ends; its CTAs wait in griddepcontrol.wait until
+        this grid has completed. Grids in the bands do it once their last load is issued, the others once
+        their last stage is released. (Under split_k_mode serial the reduce kernel was let in at the start.)"""
+        if cutlass.const_expr(self.PDL and not self.REDUCE_KERNEL):
+            if pdl_banded:
+                cute.arch.griddepcontrol_launch_dependents()
+        ab_pipeline.producer_tail(load_state)
+        if cutlass.const_expr(self.PDL and not self.REDUCE_KERNEL):
+            if not pdl_banded:
+                cute.arch.griddepcontrol_launch_dependents()
