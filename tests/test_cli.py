@@ -53,9 +53,11 @@ def test_compile_no_pdl_launches_plain(capsys):
     rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "64", "--n", "4096", "--k", "4096", *kernel, "--no-pdl")
     assert rc == 0
     assert out.startswith("// schedule: 128x128x64_c1x1_coop_sauto_rm_sw1_k2_nopdl (sm_90a)\n")
-    assert "kernel.tile_scheduler persistent true raster m swizzle 1 split_k 2 split_k_mode fixup\n" in out
+    assert ("kernel.tile_scheduler persistent true raster m swizzle 1 split_k 2 split_k_mode fixup "
+            "max_active_clusters 132\n") in out
     rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "64", "--n", "4096", "--k", "4096", *kernel)
-    assert rc == 0 and "split_k_mode fixup pdl true pdl_early_ctas 82 pdl_full_ctas 118 pdl_prefetch_k_tiles 2\n" in out
+    assert rc == 0 and ("split_k_mode fixup pdl true pdl_early_ctas 82 pdl_full_ctas 118 pdl_prefetch_k_tiles 2 "
+                        "max_active_clusters 132\n") in out
 
 
 def test_compile_swap_ab_prints_the_swapped_schedule_and_ir(capsys, shipped_only):

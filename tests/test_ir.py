@@ -265,7 +265,7 @@ def test_kernel_verifier_errors(old, new, msg):
 def test_tile_scheduler_pdl_round_trips_and_defaults_to_plain():
     on = lowered_text()
     bands = " pdl_early_ctas 82 pdl_full_ctas 118 pdl_prefetch_k_tiles 2"     # 5/8 and 9/10 of the H200's 132 SMs
-    assert f"split_k_mode none pdl true{bands}\n" in on
+    assert f"split_k_mode none pdl true{bands} max_active_clusters 66\n" in on      # 66 resident 2-CTA clusters
     assert print_module(parse_module(on)) == on
     sched = plan_from_module(parse_module(on)).scheduler
     assert (sched.pdl_early_ctas, sched.pdl_full_ctas, sched.pdl_prefetch_k_tiles) == (82, 118, 2)
@@ -282,6 +282,9 @@ def test_tile_scheduler_pdl_round_trips_and_defaults_to_plain():
     assert plan_from_module(module).scheduler.pdl is False and print_module(module) == plain
     with pytest.raises(ParseError, match="boolean"):
         parse_module(on.replace("pdl true", "pdl maybe"))
+    # the persistent grid's cap is a fact of its own, set exactly when the scheduler is persistent
+    with pytest.raises(VerifyException, match="max_active_clusters .* is >= 1 exactly when persistent is true"):
+        parse_module(on.replace(" max_active_clusters 66", ""))
 
 
 def test_verifier_rejects_pdl_on_sm80():
@@ -310,7 +313,7 @@ def test_plan_from_module():
     assert plan.pipeline == Pipeline(4, ("full", "empty"), 2, (128, 32), 4 * (128 + 256) * 64 * 2 + 2 * 128 * 32 * 2
                                      + 1024)
     assert plan.scheduler == TileScheduler(True, "m", 1, 1, "none", pdl=True, pdl_early_ctas=82, pdl_full_ctas=118,
-                                           pdl_prefetch_k_tiles=2)
+                                           pdl_prefetch_k_tiles=2, max_active_clusters=66)
     assert (plan.mma.kind, plan.mma.inst_shape, plan.mma.atom_layout) == ("wgmma", (64, 256, 16), (2, 1, 1))
     assert plan.epilogue.ops == BIAS_GELU.epilogue and plan.epilogue.store == "tma"
     assert (plan.problem.m, plan.problem.n, plan.problem.a_major, plan.problem.b_major) == ("M", 4096, "k", "k")

@@ -8,6 +8,7 @@ import math
 import re
 import types
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import assume, given, strategies as st
@@ -22,6 +23,7 @@ from gemmc.spec import EpilogueInput, EpilogueOp, GemmSpec, Ref
 from gemmc.types import DType
 
 from emit_support import compiled_ptx, specs_with_inputs, storage_shapes
+from sm90_kernel_support import plain_kernel as sm90_plain_kernel
 
 A, I, C, N = Ref.acc, Ref.input, Ref.const, Ref.node
 
@@ -82,19 +84,42 @@ def test_persistent_grid_fits_the_measured_cluster_occupancy():
         assert int(c["MAX_ACTIVE_CLUSTERS"]) == want, cluster
 
 
-def test_source_is_split_into_role_blocks():
+def test_the_source_is_the_plans_facts_over_the_kernel_modules():
+    """The generated module holds the facts and the epilogue; the kernel is the kernel package's modules, split
+    by role, which the source names with the digest of their source (so the cache key follows them)."""
+    from gemmc.backends.sm90 import kernel as kernel_package
     src = emit(plan_of(GemmSpec(), mode="pingpong")).source
-    for block in ("# ==== host", "tile scheduler", "# ---- producer warpgroup", "TMA producer loop",
-                  "# ---- consumer warpgroups", "WGMMA main loop", "# ---- epilogue store", "ordered barriers"):
-        assert block in src, block
-    assert "PINGPONG = True" in src
-    coop = emit(plan_of(GemmSpec())).source
-    assert "PINGPONG = False" in coop
-    # only the plan's mode is emitted: ping-pong's ordered barriers exist in its kernel alone
-    assert "mma_turn.arrive_and_wait()" in src and "epi_next.arrive()" in src
-    assert "mma_turn" not in coop and "const_expr(PINGPONG)" not in coop + src
-    assert "epi_threads = 128 * NUM_CONSUMER_WG" in coop and "epi_threads = 128\n" in src
+    assert "PINGPONG = True " in src and "PINGPONG = False " in emit(plan_of(GemmSpec())).source
+    assert f"source sha256 {kernel_package.source_digest()}" in src
+    assert "from gemmc.backends.sm90.kernel import EpilogueInput, KernelFacts, Sm90Gemm" in src
+    assert "KERNEL = Sm90Gemm(KernelFacts.from_namespace(globals()), None, None)" in src
+    for role in ("scheduler", "producer", "consumer", "fixup", "epilogue"):
+        assert role in src.split('"""')[1]                      # the docstring names each module
+        assert (Path(kernel_package.__file__).parent / f"{role}.py").exists()
+    assert "@cute.kernel" not in src and "const_expr" not in src   # no kernel code is generated
     compile(src, "<emitted>", "exec")   # valid Python
+    # the kernel modules branch on the facts (ping-pong's ordered barriers exist once, under const_expr)
+    consumer = (Path(kernel_package.__file__).parent / "consumer.py").read_text()
+    assert "if cutlass.const_expr(self.PINGPONG):" in consumer and consumer.count("barrier_id=3 + consumer_wg") == 1
+
+
+def test_the_kernel_modules_are_part_of_the_digest(tmp_path, monkeypatch):
+    from gemmc.backends.sm90 import kernel as kernel_package
+    before = kernel_package.source_digest()
+    copy = tmp_path / "kernel"
+    copy.mkdir()
+    for path in Path(kernel_package.__file__).parent.glob("*.py"):
+        (copy / path.name).write_text(path.read_text())
+    monkeypatch.setattr(kernel_package, "_DIR", copy)
+    assert kernel_package.source_digest() == before
+    (copy / "epilogue.py").write_text((copy / "epilogue.py").read_text() + "\n# an edit\n")
+    assert kernel_package.source_digest() != before
+    assert kernel_package.source_digest() in emit(plan_of(GemmSpec())).source
+
+
+def plain_kernel(monkeypatch, **facts):
+    kernel, cta, _ = sm90_plain_kernel(monkeypatch, **facts)
+    return kernel, cta
 
 
 def emitted_functions(source: str, names: tuple[str, ...], **constants) -> types.SimpleNamespace:
@@ -109,12 +134,16 @@ def emitted_functions(source: str, names: tuple[str, ...], **constants) -> types
 
 @given(tiles_m=st.integers(1, 40), tiles_n=st.integers(1, 40), group=st.integers(1, 16), raster_m=st.booleans())
 def test_grouped_raster_visits_every_tile_once(tiles_m, tiles_n, group, raster_m):
-    """tile_coord: a bijection onto the grid; groups of `group` slow-dim lines walked down the fast dim,
-    the slow dim varying fastest inside a group; on whole groups it is the order of cutlass.utils'
-    swizzled scheduler (shape ((sw, S/sw)...) strides (1, sw*F)...), which pads the last group instead."""
+    """tile_coord (SM80's emitted one, and the SM90 kernel's scheduler method): a bijection onto the grid;
+    groups of `group` slow-dim lines walked down the fast dim, the slow dim varying fastest inside a group; on
+    whole groups it is the order of cutlass.utils' swizzled scheduler (shape ((sw, S/sw)...) strides
+    (1, sw*F)...), which pads the last group instead."""
     src = "import cutlass\nimport cutlass.cute as cute\n" + grouped_raster_source("RASTER", "GROUP")
     f = emitted_functions(src, ("tile_coord",), RASTER=raster_m, GROUP=group).tile_coord
     order = [f(i, tiles_m, tiles_n) for i in range(tiles_m * tiles_n)]
+    with pytest.MonkeyPatch.context() as mp:
+        sm90, _ = plain_kernel(mp, RASTER_ALONG_M=raster_m, SWIZZLE=group)
+        assert [sm90.tile_coord(i, tiles_m, tiles_n) for i in range(tiles_m * tiles_n)] == order
     assert sorted(order) == [(m, n) for m in range(tiles_m) for n in range(tiles_n)]
     fast, slow = (tiles_m, tiles_n) if raster_m else (tiles_n, tiles_m)
     for i, (m, n) in enumerate(order[:(slow // group) * group * fast]):     # the whole groups
@@ -130,40 +159,35 @@ def test_swizzled_kernels_reorder_the_unswizzled_enumeration(clusters_m, cluster
     """swizzle > 1: the scheduler enumerates clusters M-major with no swizzle (so no padded work units),
     and every work unit's tile goes through swizzled_tile, which keeps each CTA's place in its cluster
     and visits each tile once, in tile_coord's order of clusters."""
-    src = emit(plan_of(GemmSpec(), cluster=cluster, raster=raster, swizzle=swizzle)).source
-    assert "rest, cl_m = divmod(unit, fast_clusters)" in src     # M fastest whatever the raster
-    # the L2 prefetch, the producer and the consumers decode their tiles the same way
-    assert src.count("tile_m, tile_n = swizzled_tile(tile_m, tile_n, clusters_m, clusters_n)") == 3
-    fns = emitted_functions(src, ("tile_coord", "swizzled_tile"), RASTER_ALONG_M=raster == "m",
-                            SWIZZLE=swizzle, CLUSTER_MN=cluster)
-    cm, cn = cluster
-    seen = []
-    for unit in range(clusters_m * clusters_n):    # work_tile's M-major, unswizzled unit -> cluster
-        for i in range(cm):
-            for j in range(cn):
-                tm, tn = fns.swizzled_tile((unit % clusters_m) * cm + i, (unit // clusters_m) * cn + j,
-                                           clusters_m, clusters_n)
-                assert (tm % cm, tn % cn) == (i, j)
-                assert (tm // cm, tn // cn) == fns.tile_coord(unit, clusters_m, clusters_n)
-                seen.append((tm, tn))
-    assert sorted(seen) == [(m, n) for m in range(clusters_m * cm) for n in range(clusters_n * cn)]
-    plain = emit(plan_of(GemmSpec(), cluster=cluster, raster=raster)).source
-    assert f"rest, cl_{raster} = divmod(unit, fast_clusters)" in plain and "swizzled_tile" not in plain
+    with pytest.MonkeyPatch.context() as mp:
+        fns, _ = plain_kernel(mp, RASTER_ALONG_M=raster == "m", SWIZZLE=swizzle, CLUSTER_MN=cluster)
+        assert fns.UNITS_M_FASTEST and fns.REORDERS        # M fastest whatever the raster
+        cm, cn = cluster
+        seen = []
+        for unit in range(clusters_m * clusters_n):    # work_tile's M-major, unswizzled unit -> cluster
+            for i in range(cm):
+                for j in range(cn):
+                    tm, tn = fns.swizzled_tile((unit % clusters_m) * cm + i, (unit // clusters_m) * cn + j,
+                                               clusters_m, clusters_n)
+                    assert (tm % cm, tn % cn) == (i, j)
+                    assert (tm // cm, tn // cn) == fns.tile_coord(unit, clusters_m, clusters_n)
+                    seen.append((tm, tn))
+        assert sorted(seen) == [(m, n) for m in range(clusters_m * cm) for n in range(clusters_n * cn)]
+        plain, _ = plain_kernel(mp, RASTER_ALONG_M=raster == "m", CLUSTER_MN=cluster)
+        assert plain.UNITS_M_FASTEST == (raster == "m") and not plain.REORDERS
+    assert f"SWIZZLE = {swizzle} " in emit(plan_of(GemmSpec(), cluster=cluster, raster=raster, swizzle=swizzle)).source
 
 
-def run_work_tile(source: str, cluster: tuple[int, int], units: int, grid_clusters: int, fast: int, slow: int):
-    """Every CTA's tiles, in the order it takes them: the emitted work_tile run as plain Python over a
+def run_work_tile(monkeypatch, cluster, raster, units: int, grid_clusters: int, fast: int, slow: int):
+    """Every CTA's tiles, in the order it takes them: the kernel's work_tile run as plain Python over a
     persistent grid of `grid_clusters` clusters, with the host's cluster counts as the divisors."""
-    cta = [0, 0, 0]
-    arch = types.SimpleNamespace(block_idx=lambda: tuple(cta), make_warp_uniform=lambda v: v)
-    work_tile = emitted_functions(source, ("work_tile",), cute=types.SimpleNamespace(jit=lambda f: f, arch=arch),
-                                  CLUSTER_MN=cluster).work_tile
+    k, cta = plain_kernel(monkeypatch, CLUSTER_MN=cluster, RASTER_ALONG_M=raster == "m")
     walks = {}
     for z in range(grid_clusters):
         for i in range(cluster[0]):
             for j in range(cluster[1]):
                 cta[:] = [i, j, z]
-                walks[(i, j, z)] = [work_tile(u, fast, slow) for u in range(z, units, grid_clusters)]
+                walks[(i, j, z)] = [k.work_tile(u, fast, slow) for u in range(z, units, grid_clusters)]
     return walks
 
 
@@ -175,11 +199,10 @@ def test_the_static_scheduler_gives_each_tile_to_one_cta(clusters_m, clusters_n,
     """work_tile (gemmc's persistent scheduler): over the grid, every (tile, split * L) of the cluster-padded
     tile grid goes to exactly one CTA; a CTA keeps its place in its cluster; cluster z takes units z, z + G,
     ...; consecutive units step along the raster's extent, then the other, then split * L."""
-    spec = GemmSpec(m="M", n="N", k="K", batch="L")
-    src = emit(plan_of(spec, cluster=cluster, raster=raster, split_k=split_k)).source
     fast, slow = (clusters_m, clusters_n) if raster == "m" else (clusters_n, clusters_m)
     units = clusters_m * clusters_n * layers * split_k
-    walks = run_work_tile(src, cluster, units, grid_clusters, fast, slow)
+    with pytest.MonkeyPatch.context() as mp:
+        walks = run_work_tile(mp, cluster, raster, units, grid_clusters, fast, slow)
     tiles = [t for w in walks.values() for t in w]
     cm, cn = cluster
     assert sorted(tiles) == [(m, n, l) for m in range(clusters_m * cm) for n in range(clusters_n * cn)
@@ -189,9 +212,11 @@ def test_the_static_scheduler_gives_each_tile_to_one_cta(clusters_m, clusters_n,
         for u, (m, n, l) in zip(range(z, units, grid_clusters), walk):
             f, s = (m // cm, n // cn) if raster == "m" else (n // cn, m // cm)
             assert (f, s, l) == (u % fast, u // fast % slow, u // (fast * slow))
-    # the host launches at most MAX_ACTIVE_CLUSTERS clusters, and never more than there are units
-    assert "grid = (*CLUSTER_MN, cutlass.min(work_units, MAX_ACTIVE_CLUSTERS))" in src
-    assert src.count("while unit < work_units:") == 2      # producer and consumers walk the same units
+    # the host launches at most MAX_ACTIVE_CLUSTERS clusters (the plan's), and never more than there are units
+    from gemmc.backends.sm90.kernel import scheduler
+    host = ast.get_source_segment(src := Path(scheduler.__file__).read_text(), next(
+        n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.FunctionDef) and n.name == "static_grid"))
+    assert "cutlass.min(work_units, self.MAX_ACTIVE_CLUSTERS)" in host
 
 
 @pytest.mark.parametrize("sched", [dict(cluster=(2, 1), swizzle=8, split_k=2),
@@ -242,12 +267,13 @@ def test_full_input_copy_kind_follows_the_plan():
     plan = plan_of(spec)
     assert plan.copy("res").kind == "tma" and plan.copy("bias").kind == "ldg"
     staged = emit(plan).source            # inside the module the inputs are ep0_res and ep1_bias
-    assert "tma_ep0_res, tma_ep0_res_mnl = cpasync.make_tiled_tma_atom(" in staged
-    assert "s_ep0_res[(lm, ln, 0)]" in staged and "ep0_res_v[" not in staged.split("@cute.kernel")[1]
+    assert "EpilogueInput('ep0_res', 'full', cutlass.BFloat16, EP0_RES_SMEM_ATOM)," in staged
+    assert "s_ep0_res[(lm, ln, 0)]" in staged and "ep0_res_v[" not in staged
     assert "ep1_bias_v[(en, el)]" in staged                 # row input: plain loads, as the plan says
     copies = tuple(replace(c, kind="ldg") if c.operand == "res" else c for c in plan.copies)
     direct = emit(replace(plan, copies=copies)).source
-    assert "tma_ep0_res" not in direct and "ep0_res_v[(em, en, el)]" in direct
+    assert "EpilogueInput('ep0_res', 'full', cutlass.BFloat16)," in direct
+    assert "SMEM_ATOM)," not in direct and "ep0_res_v[(em, en, el)]" in direct
 
 
 def _one_input(name, kind="full", dtype="f32"):
@@ -272,7 +298,7 @@ def test_an_input_named_c_is_not_the_store():
     assert re.search(r"^EP0_C_SMEM_ATOM = \S+_SW128 ", k.source, re.M)
 
 
-@pytest.mark.parametrize("name", ["cute", "stream", "pipeline", "TILE_MNK", "gemm_kernel"])
+@pytest.mark.parametrize("name", ["cute", "stream", "KERNEL", "TILE_MNK", "Sm90Gemm", "epilogue_dag"])
 def test_input_names_the_module_cannot_take_are_refused(name):
     with pytest.raises(BuildError, match=f"SM90 backend: epilogue input '{name}' .*rename the input"):
         emit(plan_of(_one_input(name, "scalar")))
@@ -302,14 +328,16 @@ def test_pdl_follows_the_plans_tile_scheduler(split_k):
     assert constants(on)["PDL"] == "True" and constants(off)["PDL"] == "False"
     # the reduce kernel (from 3 splits; 2 sum in the kernel) waits and launches as a dependent only under PDL
     reduce = split_k > 2
-    assert on.count("griddepcontrol_wait()") == 1 + reduce and off.count("griddepcontrol_wait()") == 1
+    assert on.count("griddepcontrol_wait()") == reduce and off.count("griddepcontrol_wait()") == 0
     assert ("use_pdl=True" in on) == reduce and "use_pdl=True" not in off
-    assert "use_pdl=PDL" in on and "use_pdl=PDL" in off     # the main launch reads the fact
+    from gemmc.backends.sm90.kernel import gemm
+    assert "use_pdl=self.PDL" in Path(gemm.__file__).read_text()     # the main launch reads the fact
     assert (constants(on)["PDL_EARLY_CTAS"], constants(on)["PDL_FULL_CTAS"]) == ("82", "118")
     assert (constants(off)["PDL_EARLY_CTAS"], constants(off)["PDL_FULL_CTAS"]) == ("0", "0")
     assert (constants(on)["PDL_PREFETCH_K_TILES"], constants(off)["PDL_PREFETCH_K_TILES"]) == ("2", "0")
     on = on.replace("PDL_EARLY_CTAS = 82", "PDL_EARLY_CTAS = 0").replace("PDL_FULL_CTAS = 118", "PDL_FULL_CTAS = 0")
     on = on.replace("PDL_PREFETCH_K_TILES = 2", "PDL_PREFETCH_K_TILES = 0")
+    on, off = (re.sub(r"^(\w+ = .*?) +#", r"\1 #", t, flags=re.M) for t in (on, off))   # the constants' comments line up
     assert on.replace("PDL = True", "PDL = False").replace(
         "    cute.arch.griddepcontrol_wait()   # PDL: the partials are complete and visible after this\n", "").replace(
         ", use_pdl=True", "") == off
@@ -540,16 +568,16 @@ def test_fixup_scratch_covers_every_index_the_kernel_writes(m, n8, batch, tile, 
     k = emit(plan)
     ws, sem = [p for p in k.params if p.kind in ("workspace", "semaphore")]
     env = {"M": m, "N": n, "K": 64, "L": batch}
-    lines = dict(re.findall(r"^\s*(fx_tiles_[mn]) = (.*)$", k.source, re.M))
-    kernel_env = {"num_m": m, "num_n": n, "TILE_MNK": tile, "CLUSTER_MN": cluster}
-    tiles_m, tiles_n = eval(lines["fx_tiles_m"], {}, kernel_env), eval(lines["fx_tiles_n"], {}, kernel_env)
-    last_tile = ((batch - 1) * tiles_n + tiles_n - 1) * tiles_m + tiles_m - 1      # the kernel's fx_tile formula
+    with pytest.MonkeyPatch.context() as mp:
+        kernel, _ = plain_kernel(mp, TILE_MNK=tile, CLUSTER_MN=cluster, SPLIT_K=2, SPLIT_K_MODE="fixup")
+        tiles_m, tiles_n = kernel.padded_tiles(m, n)
+        last_tile = kernel.tile_index(types.SimpleNamespace(tile_l=batch - 1, tile_n=tiles_n - 1, tile_m=tiles_m - 1),
+                                      types.SimpleNamespace(tiles_m=tiles_m, tiles_n=tiles_n))
     threads = 128 if mode == "pingpong" else 256
     chunks = tile[0] * tile[1] // threads // 4
     last_float = (((last_tile * 2 + 1) * chunks + chunks - 1) * threads + threads - 1) * 4 + 3
     assert eval(ws.workspace_elems, {}, env) == last_float + 1
     assert eval(sem.workspace_elems, {}, env) == last_tile + 1
-    assert "fx_tile = (tile_l * fx_tiles_n + tile_n) * fx_tiles_m + tile_m" in k.source
 
 
 @pytest.mark.parametrize("bn, sw", [(192, 64), (128, 128), (160, 32)])

@@ -4,9 +4,9 @@ stream-K does not support; and an sm_90a compile has one counted arrival and one
 from __future__ import annotations
 
 import ast
-import functools
 import re
 import types
+from pathlib import Path
 
 import pytest
 from hypothesis import given, strategies as st
@@ -20,20 +20,11 @@ from gemmc.schedule import Schedule, check_schedule, split_k_mode
 from gemmc.spec import GemmSpec
 
 from emit_support import compiled_ptx
+from sm90_kernel_support import plain_kernel
 
 
 def plan_of(spec=GemmSpec("M", "N", "K"), **kw):
     return lower(spec, Schedule(**{"tile": (128, 128, 64), "stream_k": True, **kw}))[1]
-
-
-@functools.cache
-def kernel_expr(name: str):
-    """The right-hand side of the default stream-K kernel's assignments to `name`, compiled."""
-    source = emit(plan_of()).source
-    found = [" ".join(ast.get_source_segment(source, n.value).split()) for n in ast.walk(ast.parse(source))
-             if isinstance(n, ast.Assign) and [getattr(t, "id", None) for t in n.targets] == [name]]
-    assert len(set(found)) == 1, (name, found)       # the decode is the same where it repeats
-    return compile("(" + found[0] + ")", name, "eval")
 
 
 @given(tiles=st.integers(1, 700), k_tiles=st.integers(1, 200), slots=st.integers(1, 132))
@@ -69,26 +60,22 @@ def test_waves_and_shares_cover_each_iteration_once_and_the_fixup_finds_every_pi
             assert len(ps) == 1
 
 
-# the kernel's integer expressions, evaluated with Python ints (cutlass.min/max are min/max)
-_INTS = {"cutlass": types.SimpleNamespace(min=min, max=max)}
-
-
 def _walk(cluster: int, tiles: int, k_tiles: int, grid: int) -> list[tuple]:
-    """The kernel's own loop over this cluster's pieces, run on Python ints: (tile, k_begin, k_count)."""
-    env = {**_INTS, "sk_tiles": tiles, "sk_grid": grid, "sk_cluster": cluster, "k_tile_total": k_tiles}
-    for name in ("sk_dp_waves", "sk_dp_tiles", "sk_dp_iters", "sk_share", "sk_extra", "sk_begin", "sk_end", "sk_len"):
-        env[name] = eval(kernel_expr(name), env)
-    out, env["sk_v"] = [], 0
-    while env["sk_v"] < env["sk_len"]:
-        for name in ("sk_in_dp", "sk_it", "sk_tile", "k_begin", "k_count"):
-            env[name] = eval(kernel_expr(name), env)
-        if env["k_count"] < k_tiles:
-            env["sk_first"] = (env["sk_tile"] - env["sk_dp_tiles"]) * k_tiles
-            owners = (eval(kernel_expr("sk_owner_first"), env), eval(kernel_expr("sk_owner_last"), env))
-            assert owners == (sk.contributors(env["sk_tile"], tiles, k_tiles, grid)[0][0],
-                              sk.contributors(env["sk_tile"], tiles, k_tiles, grid)[-1][0])
-        out.append((env["sk_tile"], env["k_begin"], env["k_count"]))
-        env["sk_v"] += env["k_count"]
+    """The kernel's own loop over this cluster's pieces (scheduler.py's stream-K walk, and the fix-up's owners
+    of a split tile), run on Python ints: (tile, k_begin, k_count). One-row tiles of a tiles x 1 output."""
+    with pytest.MonkeyPatch.context() as mp:
+        kernel, cta, grid_dim = plain_kernel(mp, SPLIT_K_MODE="stream", TILE_MNK=(1, 1, 64))
+        cta[2], grid_dim[2] = cluster, grid
+        walk = kernel.stream_k_walk(tiles, 1, 1, k_tiles)
+        out, sk_v = [], 0
+        while sk_v < walk.length:
+            work = kernel.stream_k_work(sk_v, walk, (0, 0), k_tiles)
+            if work.k_count < k_tiles:
+                owners = kernel.owners((work.sk_tile - walk.dp_tiles) * k_tiles, walk, k_tiles)
+                contributors = sk.contributors(work.sk_tile, tiles, k_tiles, grid)
+                assert owners == (contributors[0][0], contributors[-1][0])
+            out.append((work.sk_tile, work.k_begin, work.k_count))
+            sk_v = kernel.next_position(sk_v, None, work)
     return out
 
 
@@ -102,12 +89,33 @@ def test_the_kernel_walks_the_models_pieces(tiles, k_tiles, slots):
 
 def test_kernel_walks_its_share_instead_of_the_static_scheduler():
     src = emit(plan_of(cluster=(1, 2))).source
-    assert "work_tile" not in src and "while unit < work_units:" not in src
-    assert src.count("while sk_v < sk_len:") == 2          # producer and consumers
-    assert "grid = (CLUSTER_MN[0], CLUSTER_MN[1], cutlass.max(cutlass.min(sk_iterations, MAX_ACTIVE_CLUSTERS), 1))" in src
-    assert "SPLIT_K = 1                      # tile scheduler: split-K factor (stream)" in src
-    # the epilogue and its store run only in the last piece of a tile
-    assert "            if is_last:\n" in src
+    assert "SPLIT_K_MODE = 'stream' " in src and re.search(r"^SPLIT_K = 1 ", src, re.M)
+    from gemmc.backends.sm90.kernel import KernelFacts, scheduler
+    facts = KernelFacts.from_namespace(_constants_of(src))
+    assert facts.STREAM_K and facts.SUMS_PARTIALS and not facts.FIXUP
+    # the stream-K grid: one cluster per resident slot (the plan's), at most one per iteration
+    grid = ast.get_source_segment(text := Path(scheduler.__file__).read_text(), next(
+        n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == "stream_k_grid"))
+    assert "cutlass.max(cutlass.min(iterations, self.MAX_ACTIVE_CLUSTERS), 1)" in grid
+
+
+def _constants_of(src: str) -> dict:
+    """The generated module's facts, with the DSL names stubbed: what KernelFacts is built from."""
+    stub = types.SimpleNamespace
+    names = {"cutlass": stub(BFloat16="bf16", Float16="f16", Float32="f32"),
+             "cute": stub(nvgpu=stub(OperandMajorMode=stub(K="K", MN="MN"))),
+             "warpgroup": stub(SmemLayoutAtomKind=_AnyName()), "EpilogueInput": lambda *a: a}
+    tree = ast.parse(src)
+    body = [n for n in tree.body if isinstance(n, ast.Assign) and all(
+        isinstance(t, ast.Name) and t.id.isupper() and t.id != "KERNEL" for t in n.targets)]
+    exec(compile(ast.Module(body=body, type_ignores=[]), "<facts>", "exec"), names)
+    return names
+
+
+class _AnyName:
+    """Any attribute is its own name (the smem layout atom kinds)."""
+    def __getattr__(self, name):
+        return name
 
 
 @pytest.mark.parametrize("tile, cluster", [((128, 128, 64), (1, 1)), ((128, 64, 64), (1, 2)), ((256, 128, 64), (2, 1))])
@@ -166,7 +174,7 @@ def test_the_policy_learns_only_from_schedules_its_features_describe(tmp_path):
     """A stream-K schedule encodes as its static twin, and a 192-row tile has no tile-M feature: rows of
     either (measured through `gemmc-search tune --also`) stay out of the policy's training examples."""
     from gemmc.search.db import TuningDB
-    from gemmc.search.features import describes
+    from gemmc.choose.features import describes
     from gemmc.search.rl import examples_from_db
     from gemmc.search.strategy import Measurement
     static = Schedule((128, 256, 64), (2, 1))

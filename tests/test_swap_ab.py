@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -69,17 +70,21 @@ def test_the_pass_gives_b_the_kernels_a_role_and_stores_from_registers():
 def test_the_emitted_host_swaps_the_operands_and_views_out_transposed():
     _, plan = lower(EPI, SWAP)
     src = emit(plan).source
-    assert "a_mkl = cute.make_tensor(b.iterator" in src and "b_nkl = cute.make_tensor(a.iterator" in src
-    assert "out_mnl = cute.make_tensor(out.iterator, cute.append(cute.select(out.layout, mode=[1, 0])" in src
-    assert "tma_c" not in src and "SWAP_AB = True" in src
+    # the entry hands the kernel b as its A and a as its B; the kernel views out transposed (SWAP_AB)
+    assert "KERNEL(b, a, out, (ep0_bias, ep1_res, ), None, None, stream)" in src
+    assert re.search(r"^SWAP_AB = True ", src, re.M)
+    from gemmc.backends.sm90.kernel import epilogue, gemm
+    host = Path(gemm.__file__).read_text()
+    assert "out_mnl = self.view(out, self.SWAP_AB)" in host
+    assert "cute.append(cute.select(t.layout, mode=[1, 0])" in host        # (C, R, L) when transposed
+    assert "out_mnl[(tCcS[si][0], tCcS[si][1], work.tile_l)] = " in Path(epilogue.__file__).read_text()
     # the problem's n is the kernel's m: a row input is read at the kernel's m coordinate
-    assert "bias_v[(em, el)]" in src and "res_v[(en, em, el)]" in src
-    assert "out_mnl[(tCcS[si][0], tCcS[si][1], tile_l)] = " in src
+    assert "ep0_bias_v[(em, el)]" in src and "ep1_res_v[(en, em, el)]" in src
     # the user's argument order and shapes are unchanged
     assert [(p.name, p.shape) for p in emit(plan).params] == [
         ("a", ("M", "K")), ("b", ("N", "K")), ("out", ("M", "N")), ("bias", ("N",)), ("res", ("M", "N"))]
     plain = emit(lower(EPI, SWAP.with_(swap_ab=False, stages="auto"))[1]).source
-    assert "SWAP_AB" not in plain and "tma_c, tma_c_mnl = cpasync.make_tiled_tma_atom(" in plain
+    assert re.search(r"^SWAP_AB = False ", plain, re.M) and "KERNEL(a, b, out, " in plain
 
 
 def test_swapped_split_k_sums_in_the_kernel_over_the_transposed_tiles():
@@ -129,5 +134,5 @@ def test_mixed_majors_follow_the_operand_each_kernel_side_reads(a_layout, b_layo
     b_k, a_k = b_layout == "nk", a_layout == "mk"
     assert facts["A_MAJOR"].endswith(".K" if b_k else ".MN") and facts["B_MAJOR"].endswith(".K" if a_k else ".MN")
     assert (".K_" in facts["A_SMEM_ATOM"]) == b_k and (".K_" in facts["B_SMEM_ATOM"]) == a_k
-    assert f"a_major_is_k = {b_k}" in src and f"b_major_is_k = {a_k}" in src   # smem layouts likewise
+    assert (facts["A_MAJOR_IS_K"], facts["B_MAJOR_IS_K"]) == (str(b_k), str(a_k))   # smem layouts likewise
     assert "wgmma.mma_async" in compiled_ptx(emit(plan))

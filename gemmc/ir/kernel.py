@@ -11,7 +11,7 @@
     kernel.copy b tma box 64x64 swizzle 128 multicast 2 along m evict_first true
     kernel.copy out tma_store box 128x32 swizzle 64
     kernel.pipeline stages 6 barriers [full, empty] epi_stages 2 epi_tile 128x32 smem 214016   // pipeline-staging
-    kernel.tile_scheduler persistent true raster m swizzle 1 split_k 1 split_k_mode none pdl true pdl_early_ctas 82 pdl_full_ctas 118 pdl_prefetch_k_tiles 2
+    kernel.tile_scheduler persistent true raster m swizzle 1 split_k 1 split_k_mode none pdl true pdl_early_ctas 82 pdl_full_ctas 118 pdl_prefetch_k_tiles 2 max_active_clusters 66
     kernel.epilogue store tma {
     ^bb0(%acc: f32):
       gemm.yield %acc
@@ -271,7 +271,8 @@ class TileSchedulerOp(FactOp):
               ("swizzle", "swizzle", "int", _REQUIRED), ("split_k", "split_k", "int", _REQUIRED),
               ("split_k_mode", "split_k_mode", "word", _REQUIRED), ("pdl", "pdl", "bool", False),
               ("pdl_early_ctas", "pdl_early_ctas", "int", 0), ("pdl_full_ctas", "pdl_full_ctas", "int", 0),
-              ("pdl_prefetch_k_tiles", "pdl_prefetch_k_tiles", "int", 0))
+              ("pdl_prefetch_k_tiles", "pdl_prefetch_k_tiles", "int", 0),
+              ("max_active_clusters", "max_active_clusters", "int", 0))
 
     def check(self) -> None:
         v = self.values()
@@ -287,6 +288,9 @@ class TileSchedulerOp(FactOp):
                          "pdl_full_ctas is 0 (none), or above pdl_early_ctas under pdl")
         self.fail_unless(v["pdl_prefetch_k_tiles"] >= 0 and (v["pdl"] or v["pdl_prefetch_k_tiles"] == 0),
                          "pdl_prefetch_k_tiles is >= 0, and 0 without pdl")
+        self.fail_unless((v["max_active_clusters"] >= 1) == bool(v["persistent"]) and v["max_active_clusters"] >= 0,
+                         "max_active_clusters (the persistent grid's cap: clusters resident at once) is >= 1 exactly "
+                         "when persistent is true; run pipeline-staging to set it")
 
 
 @irdl_op_definition

@@ -79,6 +79,8 @@ class TileScheduler:                    # lowering of the schedule (pipeline-sta
     pdl_full_ctas: int = 0
     # PDL: grids in those two bands first prefetch this many k-tiles of their first tile into L2, then wait
     pdl_prefetch_k_tiles: int = 0
+    # a persistent grid's size cap: the clusters of this shape resident at once (ArchLimits; 0: not persistent)
+    max_active_clusters: int = 0
 
 
 @dataclass(frozen=True)

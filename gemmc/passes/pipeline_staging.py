@@ -1,5 +1,6 @@
 """pipeline-staging: the A/B ring depth and its barriers, the epilogue staging, and the tile scheduler
-(with the launch kind: programmatic dependent launch when the schedule asks for it, on sm_90a).
+(with the launch kind: programmatic dependent launch when the schedule asks for it, on sm_90a; and the
+persistent grid's cap, the clusters of the schedule's shape resident at once).
 
 Stages come from gemmc.schedule.resolve_stages ("auto": as many as fit after the epilogue's share
 of shared memory); the byte count from gemmc.schedule.smem_bytes. Nothing is recomputed here."""
@@ -31,10 +32,18 @@ def tile_scheduler(s: Schedule) -> TileSchedulerOp:
     # PDL needs griddepcontrol (sm_90a); on sm_80 the schedule's pdl is ignored and kernels launch plain
     pdl = s.pdl and s.arch == "sm_90a"
     early, full = pdl_bands(s) if pdl else (0, 0)
-    return TileSchedulerOp.make(persistent=s.arch == "sm_90a", raster=s.raster, swizzle=s.swizzle,
+    persistent = s.arch == "sm_90a"
+    return TileSchedulerOp.make(persistent=persistent, raster=s.raster, swizzle=s.swizzle,
                                 split_k=s.split_k, split_k_mode=split_k_mode(s),
                                 pdl=pdl, pdl_early_ctas=early, pdl_full_ctas=full,
-                                pdl_prefetch_k_tiles=PDL_PREFETCH_K_TILES if pdl else 0)
+                                pdl_prefetch_k_tiles=PDL_PREFETCH_K_TILES if pdl else 0,
+                                max_active_clusters=max_active_clusters(s) if persistent else 0)
+
+
+def max_active_clusters(s: Schedule) -> int:
+    """The persistent grid never exceeds the clusters resident at once: GPCs strand SMs, so 132 // size
+    clusters would run the last ones as a second wave (ArchLimits.max_active_clusters, measured)."""
+    return ARCH_LIMITS[s.arch].active_clusters(s.cluster[0] * s.cluster[1])
 
 
 # Before griddepcontrol.wait, grids in the early bands prefetch the first k-tiles of their first tile into

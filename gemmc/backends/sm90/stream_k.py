@@ -1,6 +1,6 @@
 """The stream-K work decomposition of the SM90 kernel, in plain Python.
 
-The emitted kernel (emit.py: _STREAM_K_SETUP, _STREAM_K_DECODE, _STREAM_K_FIXUP) computes these same
+The kernel (kernel/scheduler.py: stream_k_walk, stream_k_work; kernel/fixup.py: stream_k_fixup) computes these same
 integers on the device; this copy lets tests check the arithmetic over many sizes without a GPU, and
 lets a reader see which CTA cluster computes what.
 

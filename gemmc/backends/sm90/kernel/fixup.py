@@ -36,14 +36,18 @@ class PartialSums:
     def fixup_setup(self, num_m, num_n, accumulators, storage):
         if cutlass.const_expr(not self.SUMS_PARTIALS):
             return None
-        tm, tn, _ = self.TILE_MNK
-        cm, cn = self.CLUSTER_MN
+        tiles_m, tiles_n = self.padded_tiles(num_m, num_n)
         chunks = cute.size(accumulators) // 4
-        return Fixup(((num_m + tm - 1) // tm + cm - 1) // cm * cm, ((num_n + tn - 1) // tn + cn - 1) // cn * cn,
-                     chunks, cute.make_tensor(accumulators.iterator, cute.make_layout((4, chunks))),
+        return Fixup(tiles_m, tiles_n, chunks, cute.make_tensor(accumulators.iterator, cute.make_layout((4, chunks))),
                      cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128),
                      cute.make_rmem_tensor((4,), cutlass.Float32),
                      storage.fixup_flags.get_tensor(cute.make_layout(2)))
+
+    def padded_tiles(self, num_m, num_n):
+        """Tiles per column and row of the tile grid, rounded up to whole clusters."""
+        tm, tn, _ = self.TILE_MNK
+        cm, cn = self.CLUSTER_MN
+        return ((num_m + tm - 1) // tm + cm - 1) // cm * cm, ((num_n + tn - 1) // tn + cn - 1) // cn * cn
 
     def tile_index(self, work, fix):
         return (work.tile_l * fix.tiles_n + work.tile_n) * fix.tiles_m + work.tile_m
@@ -99,6 +103,14 @@ class PartialSums:
                 mSem[fx_tile] = cutlass.Int32(0)
         return is_last
 
+    def owners(self, first, sk, k_tile_total):
+        """The first and last clusters owning a split tile's iterations, its first being stream-K iteration
+        `first`: owner(i) = min(i // (q + 1), r) + max(i - r(q + 1), 0) // q."""
+        return (cutlass.min(first // (sk.share + 1), sk.extra)
+                + cutlass.max(first - sk.extra * (sk.share + 1), 0) // sk.share,
+                cutlass.min((first + k_tile_total - 1) // (sk.share + 1), sk.extra)
+                + cutlass.max(first + k_tile_total - 1 - sk.extra * (sk.share + 1), 0) // sk.share)
+
     @cute.jit
     def stream_k_fixup(self, work, walk, fix, group, scratch, accumulators):
         """Stream-K: a piece of a split tile publishes its partial and counts its arrival; the last piece to
@@ -110,10 +122,7 @@ class PartialSums:
         is_last = work.k_count == k_tile_total
         if work.k_count < k_tile_total:
             first = (work.sk_tile - sk.dp_tiles) * k_tile_total
-            owner_first = (cutlass.min(first // (sk.share + 1), sk.extra)
-                           + cutlass.max(first - sk.extra * (sk.share + 1), 0) // sk.share)
-            owner_last = (cutlass.min((first + k_tile_total - 1) // (sk.share + 1), sk.extra)
-                          + cutlass.max(first + k_tile_total - 1 - sk.extra * (sk.share + 1), 0) // sk.share)
+            owner_first, owner_last = self.owners(first, sk, k_tile_total)
             # this piece is its cluster's first (j = 0) unless the share began in an earlier tile (j = 1)
             unit = (sk.cluster * 2 + cutlass.min(work.sk_it - sk.begin, 1)) * cta_size + walk.cta_rank
             fx_tile = self.tile_index(work, fix)
