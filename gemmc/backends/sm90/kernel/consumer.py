@@ -29,13 +29,16 @@ class Group(NamedTuple):
 class Consumer:
     """Consumer methods of Sm90Gemm (facts on self)."""
 
-    def consumer_group(self, tidx, warp_idx, warp_group_idx, consumer_wg):
+    def consumer_tidx(self, tidx):
+        """This thread's index in its consumer group (a warpgroup under ping-pong, both when cooperative)."""
+        return tidx % 128 if cutlass.const_expr(self.PINGPONG) else tidx - 128
+
+    def consumer_group(self, consumer_tidx, warp_idx, warp_group_idx, consumer_wg):
         threads = 128 if cutlass.const_expr(self.PINGPONG) else 128 * self.NUM_CONSUMER_WG
         slot = consumer_wg if cutlass.const_expr(self.PINGPONG) else 0
         barrier = pipeline.NamedBarrier(barrier_id=1 + slot, num_threads=threads)
         store_warp = warp_idx == (warp_group_idx * 4 if cutlass.const_expr(self.PINGPONG) else 4)
-        return Group(consumer_wg, tidx % 128 if cutlass.const_expr(self.PINGPONG) else tidx - 128, threads,
-                     barrier, store_warp, slot)
+        return Group(consumer_wg, consumer_tidx, threads, barrier, store_warp, slot)
 
     @cute.jit
     def skip_stages(self, unit, walk, read_state, release_state):
@@ -76,12 +79,14 @@ class Consumer:
         return read_state, release_state
 
     @cute.jit
-    def consume(self, ab_pipeline, walk, group, storage, tiled_mma, accumulators, thr_mma_c, tCrA, tCrB, gC, cC_mnl,
+    def consume(self, ab_pipeline, walk, thread, storage, tiled_mma, accumulators, thr_mma_c, tCrA, tCrB, gC, cC_mnl,
                 sC, c_args, out_mnl, scratch, inputs, staged, num_m, num_n):
-        """The consumer warpgroups' loop over this CTA's work."""
-        consumer_wg = group.wg
+        """The consumer warpgroups' loop over this CTA's work. thread: (index in the consumer group, warp,
+        warpgroup, consumer warpgroup)."""
+        consumer_tidx, warp_idx, warp_group_idx, consumer_wg = thread
         position = walk.start
-        stores = self.store_setup(tiled_mma, accumulators, sC, group)
+        stores = self.store_setup(tiled_mma, accumulators, sC, consumer_tidx)
+        group = self.consumer_group(consumer_tidx, warp_idx, warp_group_idx, consumer_wg)
         store_pipeline = pipeline.PipelineTmaStore.create(
             num_stages=self.EPI_STAGES,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, group.threads))

@@ -43,14 +43,14 @@ class EpilogueLoads(NamedTuple):
 class Epilogue:
     """Epilogue methods of Sm90Gemm (facts on self; the DAG on self.epilogue_dag)."""
 
-    def store_setup(self, tiled_mma, accumulators, sC, group):
+    def store_setup(self, tiled_mma, accumulators, sC, consumer_tidx):
         if cutlass.const_expr(self.SWAP_AB):
             return None
         r2s_atom = sm90_utils.get_smem_store_op(cutlass.tensor_utils.LayoutEnum.ROW_MAJOR, self.STORE_DTYPE,
                                                 self.ACC_DTYPE)
         c_atom_layout = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.STORE_DTYPE)
         tiled_r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(c_atom_layout, tiled_mma))
-        thr_r2s = tiled_r2s.get_slice(group.tidx)
+        thr_r2s = tiled_r2s.get_slice(consumer_tidx)
         tRS_sC = thr_r2s.partition_D(sC)
         tRS_acc = tiled_r2s.retile(accumulators)
         rC_shape = cute.shape(thr_r2s.partition_S(sC))[:3]

@@ -229,8 +229,8 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         tCrB = tiled_mma.make_fragment_B(tCsB)
         tCgC = thr_mma.partition_C(gC)
         accumulators = cute.make_rmem_tensor(tCgC.shape[:3], self.ACC_DTYPE)
-        group = self.consumer_group(tidx, warp_idx, warp_group_idx, consumer_wg)
-        thr_mma_c = tiled_mma.get_slice(group.tidx)
+        consumer_tidx = self.consumer_tidx(tidx)
+        thr_mma_c = tiled_mma.get_slice(consumer_tidx)
 
         # PDL bands: grids of at most PDL_EARLY_CTAS or at least PDL_FULL_CTAS CTAs prefetch before the wait
         # (below) and let the next kernel in once their last load is issued; mid-sized grids measured slower
@@ -261,5 +261,6 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         # ---- consumer warpgroups: CONSUMER_REGS registers
         if warp_group_idx != self.PRODUCER_WG:
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
-            self.consume(ab_pipeline, walk, group, storage, tiled_mma, accumulators, thr_mma_c, tCrA, tCrB, gC,
-                         cC_mnl, sC, c_args, out_mnl, scratch, inputs, staged, num_m, num_n)
+            self.consume(ab_pipeline, walk, (consumer_tidx, warp_idx, warp_group_idx, consumer_wg), storage, tiled_mma,
+                         accumulators, thr_mma_c, tCrA, tCrB, gC, cC_mnl, sC, c_args, out_mnl, scratch, inputs, staged,
+                         num_m, num_n)
