@@ -99,7 +99,8 @@ def params_of(plan: KernelPlan) -> tuple[Param, ...]:
         km, kn = (p.n, p.m) if plan.swap_ab else (p.m, p.n)     # the kernel's (M, N): swapped, out^T's
         tiles = (f"({batch}) * (((({_dim_expr(km)}) + {bm * cm - 1}) // {bm * cm}) * {cm})"
                  f" * (((({_dim_expr(kn)}) + {bn * cn - 1}) // {bn * cn}) * {cn})")   # whole clusters
-        elems = (str(2 * plan.scheduler.max_active_clusters * cm * cn * bm * bn) if plan.scheduler.split_k_mode == "stream"
+        slots = plan.scheduler.max_active_clusters
+        elems = (str(2 * slots * cm * cn * bm * bn) if plan.scheduler.split_k_mode == "stream"
                  else f"{sk * bm * bn} * {tiles}")
         out.append(Param("workspace", "workspace", DType.f32, (elems,), role="workspace", workspace_elems=elems))
         out.append(Param("semaphores", "semaphore", DType.i32, (tiles,), role="semaphore", workspace_elems=tiles))
@@ -167,10 +168,12 @@ def emit(plan: KernelPlan) -> EmittedKernel:
 
 
 def _header(plan: KernelPlan) -> str:
+    producer, stages = plan.role("producer")[0].index, plan.pipeline.stages
+    store = "from registers" if plan.swap_ab else "through smem with TMA"
     return f'''"""gemmc SM90 kernel `{plan.problem.name}` (generated from its KernelPlan; regenerate rather than edit).
 
-Persistent, warp-specialized: warpgroup {plan.role("producer")[0].index} loads A/B with TMA into a {plan.pipeline.stages}-stage smem ring,
-warpgroups 1-2 run WGMMA ({plan.mode}), the epilogue stores {"from registers" if plan.swap_ab else "through smem with TMA"}.
+Persistent, warp-specialized: warpgroup {producer} loads A/B with TMA into a {stages}-stage smem ring,
+warpgroups 1-2 run WGMMA ({plan.mode}), the epilogue stores {store}.
 This module holds the plan's facts and epilogue; the kernel is {KERNEL_PACKAGE}
 (modules {", ".join(MODULES)}; source sha256 {source_digest()}).
 """
@@ -227,7 +230,8 @@ def _facts(plan: KernelPlan, inputs, staged, reduce_kernel: bool) -> str:
         ("SPLIT_K", sched.split_k, "tile scheduler: split-K factor"),
         ("SPLIT_K_MODE", repr(sched.split_k_mode), "tile scheduler: who sums split tiles' partials"),
         ("REDUCE_KERNEL", reduce_kernel, "split_k_mode serial: a second kernel sums the partials"),
-        ("MAX_ACTIVE_CLUSTERS", sched.max_active_clusters, "pipeline-staging: clusters resident at once (persistent grid)"),
+        ("MAX_ACTIVE_CLUSTERS", sched.max_active_clusters,
+         "pipeline-staging: clusters resident at once (persistent grid)"),
         ("SMEM_BYTES", pipe.smem_bytes, "pipeline-staging: shared memory budget"),
         ("PDL", sched.pdl, "tile scheduler: pdl (programmatic dependent launch)"),
         ("PDL_EARLY_CTAS", sched.pdl_early_ctas, "tile scheduler: grids up to this size let the next kernel in early,"),
@@ -273,8 +277,8 @@ def _epilogue_dag(ops, inputs, staged, swap: bool) -> str:
     body += math_lines + [f"return {result}"]
     return ('def epilogue_dag(acc, em, en, el, lm, ln, inputs, staged):\n'
             '    """The epilogue DAG (kernel-IR epilogue ops) on one f32 accumulator element at output (em, en, el);\n'
-            '    inputs: the epilogue inputs\' views and scalars, in order; staged: the smem sub-tiles of the TMA-loaded\n'
-            '    ones, read at the element\'s place (lm, ln) in the sub-tile."""\n'
+            '    inputs: the epilogue inputs\' views and scalars, in order; staged: the smem sub-tiles of the\n'
+            '    TMA-loaded ones, read at the element\'s place (lm, ln) in the sub-tile."""\n'
             + "\n".join("    " + ln for ln in body))
 
 

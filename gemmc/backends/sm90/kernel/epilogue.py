@@ -106,11 +106,11 @@ class Epilogue:
             parts = (tRS_cC, tuple(loads))
         return parts
 
-    @cute.jit
     def dag_on_accumulators(self, work, thr_mma_c, cC_mnl, num_m, num_n, accumulators, inputs):
-        """The epilogue DAG (kernel-IR epilogue ops) on the accumulators in registers, f32, per element."""
+        """The epilogue DAG (kernel-IR epilogue ops) on the accumulators in registers, f32, per element. Straight-line
+        code, so a plain Python loop unrolls it at trace time (range_constexpr would warn past 64 elements)."""
         tCcC = thr_mma_c.partition_C(cC_mnl[(None, None, work.tile_m, work.tile_n, work.tile_l)])
-        for ei in cutlass.range_constexpr(cute.size(accumulators)):
+        for ei in range(cute.size(accumulators)):
             em = cutlass.min(tCcC[ei][0], num_m - 1)   # clamp: out-of-range rows/cols are never stored
             en = cutlass.min(tCcC[ei][1], num_n - 1)
             accumulators[ei] = self.epilogue_dag(cutlass.Float32(accumulators[ei]), em, en, work.tile_l, None, None,

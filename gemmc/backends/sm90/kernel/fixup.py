@@ -64,7 +64,8 @@ class PartialSums:
         group.barrier.arrive_and_wait()
         arrivals = fix.arrivals
         if group.tidx == 0:
-            cute.arch.fence_acq_rel_gpu()   # release: the group's partial stores (ordered by the barrier) before the count
+            # release: the group's partial stores (ordered by the barrier) before the count
+            cute.arch.fence_acq_rel_gpu()
             arrivals[group.slot] = cute.arch.atomic_add(
                 mSem.iterator + fx_tile, cutlass.Int32(1), sem="acq_rel", scope="gpu")
         group.barrier.arrive_and_wait()
