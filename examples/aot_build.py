@@ -33,7 +33,7 @@ def main() -> int:
 
     cache = Path(args.cache_dir or tempfile.mkdtemp(prefix="gemmc-aot-")).expanduser().resolve()
     import gemmc
-    from gemmc.m_buckets import M_BUCKETS, range_label
+    from gemmc.choose.m_buckets import M_BUCKETS, range_label
 
     spec = gemmc.GemmSpec(m="M", n=args.n, k=args.k, dtype="bf16", name="aot_gemm")
     # every kernel of this compile goes into `cache` (GEMMC_CACHE_DIR is left alone), and `auto` reads the

@@ -105,14 +105,16 @@ def schedule_from_args(args, spec, cache_dir=None):
     choice itself. Otherwise that choice resolved for `spec` with the flagged fields replaced; with a symbolic
     M, auto resolves (as it does before its per-M buckets) to the heuristic's pick for the symbolic shape.
     `cache_dir`: the cache whose tuning DB auto reads (`gemmc build --cache-dir`)."""
-    from .compiler import choose_schedule
+    from .choose.resolve import resolve_schedule, tuning_db_for
+    from .compiler import as_cache_dir
     from .schedule import default_schedule
 
     knobs = {f: getattr(args, f) for f in SCHEDULE_FLAGS if getattr(args, f) is not None}
     if not knobs:
         return args.schedule, None
     try:
-        base = choose_schedule(spec, args.schedule, args.arch, cache_dir=cache_dir)
+        db = tuning_db_for(as_cache_dir(cache_dir)) if cache_dir is not None else None
+        base, _ = resolve_schedule(spec, args.schedule, args.arch, db=db)
     except ScheduleError:
         # nothing in the heuristic's space fits this problem: the flags edit the default, and its check says why
         base = default_schedule(args.arch)
@@ -147,7 +149,7 @@ def _bucket_runs(table):
         else:
             runs.append((lo, b, d))
         lo = b + 1
-    from .m_buckets import range_label
+    from .choose.m_buckets import range_label
     return [(range_label(lo, None if i == len(runs) - 1 else hi), d) for i, (lo, hi, d) in enumerate(runs)]
 
 

@@ -18,18 +18,19 @@ import warnings
 from pathlib import Path
 from typing import Optional, Union
 
+from .choose.decision import Decision
+from .choose.m_buckets import BUCKETS, M_BUCKETS, MBuckets, range_label, runtime_m
+from .choose.resolve import resolve_schedule, tuning_db_for
 from .errors import LaunchError, PerformanceWarning, SpecError
 from .ir import make_context, print_module
 from .ir.build import spec_to_module
 from .ir.extract import plan_from_module
 from .ir.plan import KernelPlan
-from .m_buckets import BUCKETS, M_BUCKETS, MBuckets, range_label, runtime_m
 from .passes import PIPELINE, pass_pipeline
 from .schedule import Schedule, alignment_violations, require_valid
 from .spec import GemmSpec, Ref
 from .types import as_arch
 
-SCHEDULE_CHOICES = ("auto", "heuristic")
 EMITS = ("kernel", "ir")
 
 
@@ -40,41 +41,6 @@ def as_spec(spec_or_kernel) -> GemmSpec:
         raise SpecError(f"compile() takes a gemmc.GemmSpec or a @gemmc.kernel function, got "
                         f"{type(spec_or_kernel).__name__}")
     return spec
-
-
-def choose_schedule(spec: GemmSpec, schedule: Union[str, Schedule, dict], arch: Optional[str],
-                    cache_dir: Optional[os.PathLike] = None) -> Schedule:
-    """Resolve `schedule=` to a concrete Schedule for `arch` (not yet checked for validity). `cache_dir`:
-    the cache whose tuning DB "auto" reads (see `compile`)."""
-    if isinstance(schedule, dict):      # a dict that names no arch takes the explicit one
-        schedule = Schedule.from_dict(schedule if arch is None or "arch" in schedule
-                                      else {**schedule, "arch": as_arch(arch)})
-    if isinstance(schedule, Schedule):
-        # a Schedule always carries an arch (default sm_90a): an explicit arch= that differs contradicts it
-        if arch is not None and as_arch(arch) != schedule.arch:
-            want = as_arch(arch)
-            raise SpecError(f"compile(arch={want!r}) contradicts the schedule's arch {schedule.arch!r} (a "
-                            f"gemmc.Schedule carries its arch, default 'sm_90a'): build it for that arch, "
-                            f"Schedule(..., arch={want!r}) or schedule.with_(arch={want!r}), or leave arch= out "
-                            f"to compile for {schedule.arch!r}")
-        return schedule
-    if schedule not in SCHEDULE_CHOICES:
-        raise SpecError(f"schedule={schedule!r}; use 'auto', 'heuristic' or a gemmc.Schedule(...)")
-    arch = as_arch(arch or "sm_90a")
-    if schedule == "auto":
-        root = as_cache_dir(cache_dir) if cache_dir is not None else None
-        return auto_decision(spec, arch, db=_tuning_db(root)).schedule
-    from .heuristic import choose_schedule as heuristic_choice
-    return heuristic_choice(spec, arch)
-
-
-def auto_decision(spec: GemmSpec, arch: str, db=None):
-    """schedule="auto": the tuning DB's exact match, the shipped table's, a tuned neighbour or the policy,
-    the shipped table's neighbour, else the heuristic (gemmc/dispatch.py). The Decision says whether
-    cuBLAS should run the call instead. `db`: the tuning DB's path (None: GEMMC_TUNING_DB, else the one in
-    GEMMC_CACHE_DIR)."""
-    from .dispatch import resolve_auto
-    return resolve_auto(spec, as_arch(arch), db=db)
 
 
 def as_cache_dir(cache_dir, flag: str = "") -> Path:
@@ -96,14 +62,6 @@ def as_cache_dir(cache_dir, flag: str = "") -> Path:
     return root
 
 
-def _tuning_db(cache_dir: Optional[Path]) -> Optional[Path]:
-    """The tuning DB `auto` reads for a compile into `cache_dir`: GEMMC_TUNING_DB where set, else the one in
-    that cache, as for GEMMC_CACHE_DIR (gemmc.search.db.default_path); None: resolve_auto's default."""
-    if cache_dir is None or os.environ.get("GEMMC_TUNING_DB"):
-        return None
-    return cache_dir / "tuning.sqlite"
-
-
 def lower(spec: GemmSpec, schedule: Schedule, arch: Optional[str] = None) -> tuple[dict[str, str], KernelPlan]:
     """Run the pass pipeline. Returns ({pass name: IR text after it}, KernelPlan).
     Raises ScheduleError if `schedule` is invalid for `spec` (checked before any pass runs)."""
@@ -123,7 +81,7 @@ class CompiledGemm:
     parameters (`signature`, a runtime.CallSignature): its order, its names, its defaults.
 
     `build()` builds into the kernel cache (`cache_dir`, else GEMMC_CACHE_DIR's) and returns the artifact of
-    this kernel; `artifacts` maps each runtime M bucket's range ("3..4"; see gemmc.m_buckets.M_BUCKETS) to
+    this kernel; `artifacts` maps each runtime M bucket's range ("3..4"; see gemmc.choose.m_buckets.M_BUCKETS) to
     the Artifact its calls load, building as needed, or to None where they run torch.matmul. A compile
     without M buckets (static M, or a fixed schedule) maps "all" to its one: its artifact, or None where
     `auto` runs torch.matmul. `m_buckets.describe()` lists each bucket's decision."""
@@ -146,7 +104,7 @@ class CompiledGemm:
         self._input_ir = input_ir
         self._ir_after = ir_after
         self.decision = None
-        self.m_buckets = None       # set by compile() for a symbolic-M "auto" kernel (gemmc/m_buckets.py)
+        self.m_buckets = None       # set by compile() for a symbolic-M "auto" kernel (gemmc/choose/m_buckets.py)
         self._fallback = None       # the torch.matmul route of calls no kernel takes (auto, plain GEMMs)
         self._fallback_warned = False
         self._routes = None         # {runtime M: the callable it runs}: the call path's table (see __call__)
@@ -408,7 +366,7 @@ def _layout_matmul(spec: GemmSpec):
 
 
 class CublasRoute:
-    """torch.matmul for a plain GEMM (no epilogue) where `auto` chose cuBLAS (gemmc/dispatch.py), behind the
+    """torch.matmul for a plain GEMM (no epilogue) where `auto` chose cuBLAS (gemmc/choose/auto.py), behind the
     kernel's own argument checks: `params` are the kernel's (its EmittedKernel's) and runtime.python_prologue
     checks them as the kernel's compiled prologue does, so a call passes or fails alike on either route
     (whatever M bucket it falls in), with the validator's LaunchError, and `out=` receives the result in place.
@@ -470,7 +428,6 @@ class CublasOnlyGemm:
     def __init__(self, spec: GemmSpec, arch: str, why: str, *, signature=None, device_type: str = "cuda",
                  cache_dir: Optional[Path] = None):
         from .backends import Param
-        from .dispatch import Decision
         from .runtime import Launcher
         self.spec, self.arch, self.signature, self.why = spec, arch, signature, why
         self.cache_dir = cache_dir
@@ -541,7 +498,7 @@ def compile(spec_or_kernel, schedule: Union[str, Schedule, dict] = "auto", arch:
     """Compile a GEMM. `schedule`: "auto" | "heuristic" | a gemmc.Schedule; `arch`: "sm_90a" | "sm_80"
     (default: the Schedule's, else sm_90a; one that differs from a Schedule's is a SpecError, while a dict
     that names no arch takes it); `emit="ir"` stops after the passes. Under "auto" with a symbolic M, calls
-    choose per runtime M bucket (gemmc/m_buckets.py; `k.for_m(M)` shows the choice). "auto" on a plain GEMM,
+    choose per runtime M bucket (gemmc/choose/m_buckets.py; `k.for_m(M)` shows the choice). "auto" on a plain GEMM,
     or one whose epilogue only casts its output, that no kernel can run (a static dim off 16-byte alignment)
     returns a CublasOnlyGemm, whose calls run torch.matmul and whose `schedule` is None.
     `cache_dir`: the kernel cache folder every kernel of this compile (each M bucket's too) is built into and
@@ -558,9 +515,8 @@ def compile(spec_or_kernel, schedule: Union[str, Schedule, dict] = "auto", arch:
         if unaligned:
             return CublasOnlyGemm(spec, as_arch(arch or "sm_90a"), "; ".join(map(str, unaligned)),
                                   signature=signature, cache_dir=root)
-    db = _tuning_db(root)
-    decision = auto_decision(spec, arch or "sm_90a", db=db) if schedule == "auto" else None
-    chosen = decision.schedule if decision is not None else choose_schedule(spec, schedule, arch)
+    db = tuning_db_for(root)
+    chosen, decision = resolve_schedule(spec, schedule, arch, db=db)
     require_valid(chosen, spec)
     input_ir = print_module(spec_to_module(spec, chosen))
     ir_after, plan = lower(spec, chosen)

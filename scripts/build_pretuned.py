@@ -1,4 +1,4 @@
-"""Build gemmc's shipped schedule table for one GPU from recorded sweeps (see gemmc/pretuned.py), and
+"""Build gemmc's shipped schedule table for one GPU from recorded sweeps (see gemmc/choose/pretuned.py), and
 optionally from tuning-DB exports of the same GPU, whose paired verdict wins where they have the shape,
 and from `gemmc bench --policy heuristic` reports (the table's checks: the heuristic's picks, measured).
 
@@ -13,7 +13,7 @@ and from `gemmc bench --policy heuristic` reports (the table's checks: the heuri
                  bench/results/2026-12-01-h200-heuristic-checks-session13-a.json \
                  bench/results/2026-12-01-h200-heuristic-checks-session15-a.json \
         --sustained bench/results/2026-12-01-h200-llm-auto-sustained-session16.json \
-        --gpu "NVIDIA H200" --out gemmc/pretuned_data/h200.json
+        --gpu "NVIDIA H200" --out gemmc/choose/pretuned_data/h200.json
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from gemmc.bench.dataset import load_dataset
-from gemmc.pretuned import PretunedEntry, build_table, with_checks, with_entries
+from gemmc.choose.pretuned import PretunedEntry, build_table, with_checks, with_entries
 from gemmc.schedule import Schedule
 
 
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
         name = (header.get("device") or {}).get("name")
         if name and name != args.gpu:
             p.error(f"{path} was recorded on {name!r}, not {args.gpu!r}")
-        # a table holds one problem class (gemmc/pretuned.py): bf16, A [M, K] and B [N, K], this arch
+        # a table holds one problem class (gemmc/choose/pretuned.py): bf16, A [M, K] and B [N, K], this arch
         if header.get("dtype", "bf16") != "bf16" or header.get("arch", args.arch) != args.arch:
             p.error(f"{path} holds dtype {header.get('dtype')!r} / arch {header.get('arch')!r}; a table is "
                     f"bf16 on {args.arch}")

@@ -1,4 +1,4 @@
-"""Fit the heuristic's machine constants (gemmc/heuristic.py MACHINES["sm_90a"]) to recorded sweeps.
+"""Fit the heuristic's machine constants (gemmc/choose/heuristic.py MACHINES["sm_90a"]) to recorded sweeps.
 
 The score of a set of constants is the geometric mean, over the recorded shapes, of best time / time of
 the heuristic's pick (short-pass times; the pick is the model's favourite among the schedules recorded
@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import fields, replace
 
-from gemmc import heuristic
+from gemmc.choose import heuristic
 from gemmc.bench.dataset import by_shape, load_dataset, record_schedule, short_time_us
 from gemmc.spec import GemmSpec
 

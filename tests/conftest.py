@@ -121,9 +121,9 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 def shipped_only(monkeypatch, tmp_path):
     """No tuning DB, no GPU visible (an ahead-of-time build): `auto` reads the shipped sm_90a table,
     then the heuristic. Returns that table."""
-    from gemmc.pretuned import table_for
+    from gemmc.choose.pretuned import table_for
     monkeypatch.setenv("GEMMC_TUNING_DB", str(tmp_path / "none.sqlite"))
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    monkeypatch.setattr("gemmc.choose.gpu._visible_gpu", lambda: None)
     return table_for("sm_90a")
 
 
@@ -137,6 +137,13 @@ def mixed_weights(table):
         if won and lost:
             return n, k, won[0], lost[0]
     raise AssertionError("the shipped table has no (N, K) with a kernel at small M and cuBLAS at M 128-256")
+
+
+def as_gemmc_version(monkeypatch, version: str) -> None:
+    """Run the tuning DB as gemmc `version` would: its writer stamps rows with it (gemmc.search.db) and its
+    verdict judges staleness against it (gemmc.choose.tuning_db_verdict), as after an upgrade to it."""
+    for module in ("gemmc.search.db", "gemmc.choose.tuning_db_verdict"):
+        monkeypatch.setattr(f"{module}.__version__", version)
 
 
 def not_a_tuning_db(tmp_path):

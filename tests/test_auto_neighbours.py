@@ -1,9 +1,10 @@
 """schedule="auto", step 3: a tuned neighbour's pick that this gemmc cannot run gives way to the next neighbour,
-as the exact step's picks give way to the next best (gemmc/dispatch.py `_decide`); `detail` names them."""
+as the exact step's picks give way to the next best (gemmc/choose/auto.py `_decide`); `detail` names them."""
 import pytest
 
 import gemmc
-from gemmc.dispatch import heuristic_schedule, resolve_auto
+from gemmc.choose.auto import resolve_auto
+from gemmc.choose.shipped_steps import heuristic_schedule
 from gemmc.search.db import TuningDB
 from gemmc.search.strategy import Measurement, SearchProblem
 
@@ -21,7 +22,7 @@ def no_tables_no_gpu(monkeypatch):
     """The tuning DB's order alone (no shipped table), and no GPU named or visible: the rows here are the
     H200's, and `auto` reads every GPU's."""
     monkeypatch.setenv("GEMMC_PRETUNED", "0")
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    monkeypatch.setattr("gemmc.choose.gpu._visible_gpu", lambda: None)
     monkeypatch.delenv("GEMMC_GPU", raising=False)
 
 

@@ -908,7 +908,7 @@ def test_describe_schedule_says_when_auto_dispatches_to_cublas():
     from types import SimpleNamespace
 
     from gemmc.bench.timing import describe_schedule
-    from gemmc.dispatch import Decision
+    from gemmc.choose.decision import Decision
     from gemmc.schedule import Schedule
     s = Schedule(tile=(64, 128, 64), mode="pingpong", split_k=2)
     tuned = SimpleNamespace(schedule=s, decision=Decision(s, "db", use_cublas=False))

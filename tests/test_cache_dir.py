@@ -1,6 +1,6 @@
 """gemmc.compile(..., cache_dir=DIR): every kernel of the compile (each M bucket's too) is built into and
 loaded from DIR, `auto` reads DIR/tuning.sqlite, nothing goes to GEMMC_CACHE_DIR; `k.artifacts` and the
-public M-bucket list (gemmc.m_buckets.M_BUCKETS)."""
+public M-bucket list (gemmc.choose.m_buckets.M_BUCKETS)."""
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -8,8 +8,9 @@ import pytest
 
 import gemmc
 from gemmc.compiler import CompiledGemm
-from gemmc.dispatch import Decision, heuristic_schedule
-from gemmc.m_buckets import BUCKETS, M_BUCKETS, bucket_of, range_label
+from gemmc.choose.decision import Decision
+from gemmc.choose.shipped_steps import heuristic_schedule
+from gemmc.choose.m_buckets import BUCKETS, M_BUCKETS, bucket_of, range_label
 from gemmc.schedule import enumerate_schedules, is_valid
 from gemmc.search.db import TuningDB
 from gemmc.search.strategy import Measurement, SearchProblem
@@ -23,7 +24,7 @@ LABELS = [range_label(*r) for r in M_BUCKETS]
 def aot_host(monkeypatch, tmp_path):
     """No GPU named or visible, no GEMMC_TUNING_DB, and GEMMC_CACHE_DIR an empty folder of its own
     (returned): what cache_dir must leave alone."""
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    monkeypatch.setattr("gemmc.choose.gpu._visible_gpu", lambda: None)
     monkeypatch.delenv("GEMMC_GPU", raising=False)
     monkeypatch.delenv("GEMMC_TUNING_DB", raising=False)
     env = tmp_path / "env-cache"
@@ -45,7 +46,7 @@ def test_every_kernel_is_built_into_cache_dir_and_nothing_under_gemmc_cache_dir(
         if m is None or m <= 16:
             return Decision(small, "heuristic")
         return Decision(small, "db", use_cublas=True) if m <= 256 else Decision(large, "db")
-    monkeypatch.setattr("gemmc.dispatch.resolve_auto", resolve)
+    monkeypatch.setattr("gemmc.choose.auto.resolve_auto", resolve)
 
     mine = tmp_path / "mine"
     k = gemmc.compile(spec, schedule="auto", cache_dir=str(mine))

@@ -66,7 +66,7 @@ def cublas_db(monkeypatch, tmp_path):
     monkeypatch.setenv("GEMMC_TUNING_DB", str(path))
     monkeypatch.setenv("GEMMC_PRETUNED", "0")
     # the rows are stored as measured on "H200": no GPU named or visible, so `auto` reads them on any host
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    monkeypatch.setattr("gemmc.choose.gpu._visible_gpu", lambda: None)
     monkeypatch.delenv("GEMMC_GPU", raising=False)
 
     def record_cublas_win(spec):

@@ -77,7 +77,7 @@ def test_compile_swap_ab_prints_the_swapped_schedule_and_ir(capsys, shipped_only
 # ---- schedule flags edit the --schedule pick ---------------------------------------------------
 
 def test_schedule_flags_replace_fields_of_the_heuristic_pick(capsys):
-    from gemmc.heuristic import choose_schedule
+    from gemmc.choose.heuristic import choose_schedule
     pick = choose_schedule(GemmSpec(m=16, n=4096, k=4096), "sm_90a")
     assert pick.short() == "64x8x128_c1x2_pp_s10_rm_sw1_k1_swap"     # README: the swapped decode pick at M = 16
     rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "16", "--n", "4096", "--k", "4096", "--schedule", "heuristic",
@@ -88,9 +88,9 @@ def test_schedule_flags_replace_fields_of_the_heuristic_pick(capsys):
 
 
 def test_schedule_flags_replace_fields_of_the_auto_pick(capsys, shipped_only):
-    from gemmc.compiler import choose_schedule
+    from gemmc.choose.resolve import resolve_schedule
     spec = GemmSpec(m=16, n=4096, k=4096)
-    pick = choose_schedule(spec, "auto", "sm_90a")
+    pick, _ = resolve_schedule(spec, "auto", "sm_90a")
     rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "16", "--n", "4096", "--k", "4096", "--raster", "n")
     assert rc == 0 and pick.raster == "m"
     assert out.splitlines()[:2] == [f"// schedule: {pick.with_(raster='n').short()} (sm_90a)",
@@ -106,7 +106,7 @@ def test_schedule_flags_replace_fields_of_the_auto_pick(capsys, shipped_only):
 
 
 def test_schedule_flags_with_a_symbolic_m_edit_the_heuristic_pick(capsys, shipped_only):
-    from gemmc.heuristic import choose_schedule
+    from gemmc.choose.heuristic import choose_schedule
     pick = choose_schedule(GemmSpec(m="M", n=4096, k=4096), "sm_90a")
     rc, out, _ = gemmc_cmd(capsys, "compile", "--m", "M", "--n", "4096", "--k", "4096", "--no-pdl")
     assert rc == 0
@@ -287,7 +287,7 @@ def test_compile_auto_with_symbolic_m_prints_the_choice_per_m(capsys, shipped_on
 
 def test_per_m_runs_merge_only_buckets_with_the_same_choice_and_source():
     from gemmc.cli import _bucket_runs
-    from gemmc.dispatch import Decision
+    from gemmc.choose.decision import Decision
     from gemmc.schedule import Schedule
     s = Schedule(tile=(64, 8, 128), mode="pingpong", stages=10, swap_ab=True)
     t = Schedule(tile=(128, 256, 64), cluster=(2, 1), mode="cooperative")

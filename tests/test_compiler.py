@@ -147,7 +147,7 @@ def test_auto_uses_the_tuning_db_and_falls_back_to_cublas_where_it_measured_fast
     from gemmc.search.strategy import Measurement
     from gemmc.schedule import enumerate_schedules
     monkeypatch.setenv("GEMMC_TUNING_DB", str(tmp_path / "t.sqlite"))
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)    # rows of "H200" count on any host
+    monkeypatch.setattr("gemmc.choose.gpu._visible_gpu", lambda: None)    # rows of "H200" count on any host
     monkeypatch.delenv("GEMMC_GPU", raising=False)
     spec = GemmSpec(m=64, n=256, k=128)
     tuned = enumerate_schedules(spec)[3]

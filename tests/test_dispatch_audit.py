@@ -1,9 +1,9 @@
-"""schedule="auto" decides from data measured on the problem and GPU the calls run on (gemmc/dispatch.py)."""
+"""schedule="auto" decides from data measured on the problem and GPU the calls run on (gemmc/choose/auto.py)."""
 import pytest
 
 import gemmc
-from gemmc.dispatch import resolve_auto
-from gemmc.pretuned import table_for
+from gemmc.choose.auto import resolve_auto
+from gemmc.choose.pretuned import table_for
 from gemmc.search.db import TuningDB
 from gemmc.search.strategy import Measurement, SearchProblem
 from gemmc.spec import EpilogueInput, EpilogueOp, Ref
@@ -16,7 +16,7 @@ SPEC = gemmc.GemmSpec(300, 4096, 4096)      # a shape the shipped table does not
 @pytest.fixture
 def no_gpu(monkeypatch):
     """No GPU visible and none named: each test names the GPU it decides for."""
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    monkeypatch.setattr("gemmc.choose.gpu._visible_gpu", lambda: None)
     monkeypatch.delenv("GEMMC_GPU", raising=False)
 
 
@@ -45,7 +45,7 @@ def test_the_db_verdict_is_the_one_measured_on_the_gpu_named(two_gpu_db, monkeyp
 
 def test_the_db_verdict_is_the_one_measured_on_the_visible_gpu(two_gpu_db, monkeypatch):
     path, h100_pick, h200_pick = two_gpu_db
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: H200)
+    monkeypatch.setattr("gemmc.choose.gpu._visible_gpu", lambda: H200)
     d = resolve_auto(SPEC, "sm_90a", db=path)
     assert (d.schedule, d.use_cublas) == (h200_pick, True)
     # a neighbour of SPEC (M within 2x) lends the visible GPU's pick, not the other GPU's
@@ -56,7 +56,7 @@ def test_the_db_verdict_is_the_one_measured_on_the_visible_gpu(two_gpu_db, monke
 def test_a_gpu_the_db_never_measured_takes_none_of_its_rows(two_gpu_db, monkeypatch):
     path, _, _ = two_gpu_db
     monkeypatch.setenv("GEMMC_PRETUNED", "0")
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: "NVIDIA GH200 480GB")
+    monkeypatch.setattr("gemmc.choose.gpu._visible_gpu", lambda: "NVIDIA GH200 480GB")
     assert resolve_auto(SPEC, "sm_90a", db=path).source == "heuristic"
     assert resolve_auto(SPEC.with_dims(m=400), "sm_90a", db=path).source == "heuristic"
 
@@ -158,7 +158,7 @@ def test_the_heuristic_step_says_when_gemmc_won_nearby(h200_table):
 
 @pytest.fixture
 def fresh_warnings(monkeypatch):
-    monkeypatch.setattr("gemmc.dispatch._warned", set())
+    monkeypatch.setattr("gemmc.choose.notices._warned", set())
 
 
 def test_a_gemmc_gpu_in_the_wrong_case_is_pointed_at_the_known_name(no_gpu, monkeypatch, fresh_warnings):

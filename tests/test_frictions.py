@@ -71,7 +71,7 @@ READ_ONLY_READER = r'''
 import os, sys, warnings
 warnings.simplefilter("error")          # a DB skipped with a warning fails the check
 import gemmc
-from gemmc.dispatch import resolve_auto
+from gemmc.choose.auto import resolve_auto
 from gemmc.search.cli import main
 cache = sys.argv[1]
 db = os.path.join(cache, "tuning.sqlite")
@@ -115,7 +115,7 @@ def test_read_only_db_that_this_process_may_not_write_is_read_by_auto_and_report
     cannot be written, as on a read-only mount or in another account's cache, auto and report read it
     through a connection that refuses writes, with no warning."""
     import sqlite3
-    from gemmc.dispatch import resolve_auto
+    from gemmc.choose.auto import resolve_auto
     from gemmc.search.cli import main
     from gemmc.search.db import TuningDB
     folder = tmp_path / "ci"
@@ -124,7 +124,7 @@ def test_read_only_db_that_this_process_may_not_write_is_read_by_auto_and_report
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if (mode & os.W_OK) and
                         Path(p).resolve().is_relative_to(folder.resolve()) else real_access(p, mode, **kw))
     monkeypatch.setenv("GEMMC_PRETUNED", "0")
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    monkeypatch.setattr("gemmc.choose.gpu._visible_gpu", lambda: None)
     monkeypatch.delenv("GEMMC_GPU", raising=False)
     with TuningDB(folder / "tuning.sqlite", create=False) as db:
         assert db.best(spec, "sm_90a").schedule == best
@@ -232,7 +232,7 @@ def test_a_static_dim_past_int32_is_refused():
 
 
 def test_ordinary_and_symbolic_problems_are_untouched():
-    from gemmc.heuristic import choose_schedule
+    from gemmc.choose.heuristic import choose_schedule
     for spec in (GemmSpec(16384, 16384, 16384), GemmSpec("M", 4096, 4096, batch="L"),
                  GemmSpec(4096, 4096, 4096, batch=8)):
         s = choose_schedule(spec, "sm_90a")

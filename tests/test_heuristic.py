@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gemmc import EpilogueInput, EpilogueOp, GemmSpec, Ref, Schedule, ScheduleError, is_valid
-from gemmc.heuristic import choose_schedule, estimate, heuristic_space, problem_dims, rank_schedules, usable_sms
+from gemmc.choose.heuristic import (choose_schedule, estimate, heuristic_space, problem_dims, rank_schedules,
+                                    usable_sms)
 from gemmc.schedule import enumerate_schedules
 
 
@@ -59,7 +60,7 @@ def test_decode_with_few_tiles_and_long_k_ranks_split_k_first(m, n, k):
                                            (1, 18944, 3584, "narrow"), (8, 11008, 4096, "narrow"),
                                            (16, 3072, 24576, "wide"), (4, 3072, 2048, None)])
 def test_decode_takes_the_measured_swap_rule(m, n, k, rule):
-    from gemmc.heuristic import DECODE_SWAP, DECODE_SWAP_NARROW
+    from gemmc.choose.heuristic import DECODE_SWAP, DECODE_SWAP_NARROW
     s = choose_schedule(spec(m, n, k), "sm_90a")
     assert s == {"narrow": DECODE_SWAP_NARROW, "wide": DECODE_SWAP}.get(rule, s)
     assert (s in (DECODE_SWAP, DECODE_SWAP_NARROW)) == (rule is not None)
@@ -73,7 +74,7 @@ def test_decode_takes_the_measured_swap_rule(m, n, k, rule):
 @pytest.mark.parametrize("m, n, k", [(17, 14336, 4096), (20, 29568, 8192), (32, 18944, 3584), (24, 36864, 4608),
                                      (32, 8448, 3072)])
 def test_wide_small_batches_take_one_32_wide_activation_tile(m, n, k):
-    from gemmc.heuristic import WIDE_BATCH_SWAP, wide_batch_schedule
+    from gemmc.choose.heuristic import WIDE_BATCH_SWAP, wide_batch_schedule
     s = choose_schedule(spec(m, n, k), "sm_90a")
     assert s == WIDE_BATCH_SWAP == wide_batch_schedule(spec(m, n, k))
     assert s.swap_ab and s.tile[1] >= m and s.cluster == (1, 1)           # one activation tile, unpaired
@@ -82,7 +83,7 @@ def test_wide_small_batches_take_one_32_wide_activation_tile(m, n, k):
 
 @pytest.mark.parametrize("m, n, k", [(16, 14336, 4096), (33, 14336, 4096), (32, 8192, 4096), (32, 14336, 2048)])
 def test_the_wide_batch_rule_stays_out_of_its_range(m, n, k):
-    from gemmc.heuristic import WIDE_BATCH_SWAP, wide_batch_schedule, TALL_SWAPS
+    from gemmc.choose.heuristic import WIDE_BATCH_SWAP, wide_batch_schedule, TALL_SWAPS
     assert wide_batch_schedule(spec(m, n, k)) is None
     assert choose_schedule(spec(m, n, k)) not in (WIDE_BATCH_SWAP, TALL_SWAPS[WIDE_BATCH_SWAP])
     assert wide_batch_schedule(spec(24, 14336, 4096), "sm_80") is None
@@ -91,7 +92,7 @@ def test_the_wide_batch_rule_stays_out_of_its_range(m, n, k):
 @pytest.mark.parametrize("m, n, k", [(1, 9216, 3072), (8, 8960, 4096), (16, 10496, 4096), (24, 9216, 8192),
                                      (32, 9728, 4096), (1, 10560, 4096)])
 def test_a_short_second_wave_takes_128_row_weight_tiles(m, n, k):
-    from gemmc.heuristic import DECODE_SWAP, DECODE_SWAP_NARROW, TALL_SWAPS, WIDE_BATCH_SWAP
+    from gemmc.choose.heuristic import DECODE_SWAP, DECODE_SWAP_NARROW, TALL_SWAPS, WIDE_BATCH_SWAP
     short = DECODE_SWAP_NARROW if m <= 8 else DECODE_SWAP if m <= 16 else WIDE_BATCH_SWAP
     s = choose_schedule(spec(m, n, k), "sm_90a")
     assert s == TALL_SWAPS[short] and s.tile[0] == 128 and s.tile[1] >= m and s.swap_ab
@@ -106,7 +107,7 @@ def test_a_short_second_wave_takes_128_row_weight_tiles(m, n, k):
 @pytest.mark.parametrize("m, n, k", [(1, 6144, 4096), (8, 5504, 4096), (12, 6144, 8192), (16, 7168, 3072),
                                      (14, 6912, 4096), (1, 7488, 8192)])
 def test_a_grid_in_the_pdl_middle_band_takes_128_row_weight_tiles(m, n, k):
-    from gemmc.heuristic import MID_BAND_SWAPS
+    from gemmc.choose.heuristic import MID_BAND_SWAPS
     from gemmc.schedule import pdl_trigger_bands
     s = choose_schedule(spec(m, n, k), "sm_90a")
     assert s == MID_BAND_SWAPS[m > 8] and s.tile[0] == 128 and s.tile[1] >= m and s.cluster == (1, 1)
@@ -275,7 +276,7 @@ def test_heuristic_pick_is_valid_for_any_shape(m, n, k, arch, epi, dtype, out, b
 
 
 def test_wave_balancing_n_tiles_are_picked_only_up_to_m_256():
-    from gemmc.heuristic import WAVE_TILE_MAX_M
+    from gemmc.choose.heuristic import WAVE_TILE_MAX_M
     from gemmc.schedule import ScheduleSpace
     assert {96, 160, 224} <= set(ScheduleSpace.for_arch("sm_90a").tile_n)
     assert {96, 160, 224} <= set(heuristic_space("sm_90a", WAVE_TILE_MAX_M).tile_n)
@@ -322,7 +323,7 @@ def test_a_swapped_schedule_is_modeled_as_its_kernels_problem():
     (128, 4096, 4096, (64, 64, 128), (1, 2)),
     (112, 8192, 28672, (128, 64, 64), (1, 2))])
 def test_small_batches_take_the_swapped_cluster_rule(m, n, k, tile, cluster):
-    from gemmc.heuristic import BATCH_SWAPS, batch_schedule
+    from gemmc.choose.heuristic import BATCH_SWAPS, batch_schedule
     s = choose_schedule(spec(m, n, k), "sm_90a")
     assert s.swap_ab and s.tile == tile and s.cluster == cluster
     assert s in BATCH_SWAPS[next(w for w in sorted(BATCH_SWAPS) if m <= w)] and s == batch_schedule(spec(m, n, k))
@@ -337,8 +338,8 @@ def test_small_batches_take_the_swapped_cluster_rule(m, n, k, tile, cluster):
                                            (64, 10240, 8192, "sm_90a"), (64, 2048, 4096, "sm_90a"),
                                            (64, 4096, 1024, "sm_90a"), (64, 4096, 4096, "sm_80")])
 def test_the_batch_rule_stays_out_of_its_range(m, n, k, arch):
-    from gemmc.heuristic import batch_schedule
-    from gemmc.heuristic import DECODE_SWAP, DECODE_SWAP_NARROW
+    from gemmc.choose.heuristic import batch_schedule
+    from gemmc.choose.heuristic import DECODE_SWAP, DECODE_SWAP_NARROW
     assert batch_schedule(spec(m, n, k), arch) is None
     s = choose_schedule(spec(m, n, k), arch)
     assert s in (DECODE_SWAP, DECODE_SWAP_NARROW) or not s.swap_ab

@@ -1,11 +1,11 @@
-"""schedule="auto" with a symbolic M: one decision per runtime M bucket (gemmc/m_buckets.py)."""
+"""schedule="auto" with a symbolic M: one decision per runtime M bucket (gemmc/choose/m_buckets.py)."""
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import gemmc
 from gemmc.compiler import CompiledGemm
-from gemmc.m_buckets import BUCKETS, bucket_of, runtime_m
+from gemmc.choose.m_buckets import BUCKETS, bucket_of, runtime_m
 
 from conftest import mixed_weights
 
@@ -102,7 +102,7 @@ def test_build_covers_every_bucket_kernel(shipped_only, monkeypatch):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(m=st.integers(1, 200_000), nk=st.sampled_from([(4096, 4096), (8192, 28672), (1000, 2048), (6144, 4096)]))
 def test_any_m_routes_to_its_bucket_decision(shipped_only, m, nk):
-    from gemmc.dispatch import resolve_auto
+    from gemmc.choose.auto import resolve_auto
     n, k = nk
     spec = gemmc.GemmSpec("M", n, k)
     c = _compiled(spec)

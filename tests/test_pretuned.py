@@ -1,4 +1,4 @@
-"""The schedule tables shipped with gemmc (gemmc/pretuned.py) and their place in schedule="auto"."""
+"""The schedule tables shipped with gemmc (gemmc/choose/pretuned.py) and their place in schedule="auto"."""
 import json
 import subprocess
 import sys
@@ -8,8 +8,8 @@ import pytest
 
 import gemmc
 from gemmc.bench.dataset import load_dataset
-from gemmc.dispatch import resolve_auto
-from gemmc.pretuned import DATA_DIR, build_table, load_tables, table_for, table_from_json
+from gemmc.choose.auto import resolve_auto
+from gemmc.choose.pretuned import DATA_DIR, build_table, load_tables, table_for, table_from_json
 from gemmc.schedule import Schedule, is_valid
 from gemmc.search.db import TuningDB
 from gemmc.search.strategy import SUSTAINED as OWN_CLOCK_TIMING, Measurement, SearchProblem
@@ -82,7 +82,7 @@ def test_lookup_exact_nearest_and_class():
 def test_tables_are_chosen_by_gpu_name_and_can_be_turned_off(monkeypatch):
     assert table_for("sm_90a", "NVIDIA H100 80GB HBM3") is None
     assert table_for("sm_80", H200) is None
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    monkeypatch.setattr("gemmc.choose.gpu._visible_gpu", lambda: None)
     assert table_for("sm_90a") is not None                          # no GPU visible: an AOT build, by arch
     monkeypatch.setenv("GEMMC_GPU", "NVIDIA H100 80GB HBM3")        # an AOT build for another GPU: its table
     assert table_for("sm_90a") is None
@@ -167,7 +167,7 @@ def test_the_nearest_shapes_verdict_pays_off_left_one_out():
     import math
     from dataclasses import replace as dc_replace
     from gemmc.bench.dataset import pick_fractions
-    from gemmc.heuristic import rank_schedules
+    from gemmc.choose.heuristic import rank_schedules
     records = [r for p in DATA for r in load_dataset(p)[1]]
     frac = pick_fractions(records, lambda shape, rec: next(s for _, s in rank_schedules(gemmc.GemmSpec(*shape))
                                                            if s in rec))
@@ -193,7 +193,7 @@ def test_the_nearest_shapes_verdict_pays_off_left_one_out():
 def test_the_checks_measured_the_heuristics_current_picks():
     """Each check is the schedule the heuristic picks for its shape today: a heuristic change must come
     with checks measured again (`gemmc bench --policy heuristic`, then scripts/build_pretuned.py)."""
-    from gemmc.dispatch import heuristic_schedule
+    from gemmc.choose.shipped_steps import heuristic_schedule
     checks = h200().checks
     assert len(checks) == 422 and not set(checks) & set(h200().entries)
     stale = {key: c.schedule.short() for key, c in checks.items()

@@ -281,7 +281,7 @@ def test_pdl_off_is_a_suffix_of_the_id_and_a_key_of_the_dict():
 
 
 def test_recorded_schedules_without_pdl_load_as_pdl_on():
-    from gemmc.pretuned import DATA_DIR, table_from_json
+    from gemmc.choose.pretuned import DATA_DIR, table_from_json
     shipped = json.loads((Path(DATA_DIR) / "h200.json").read_text())
     table = table_from_json(shipped)
     assert table.entries and all(e.schedule.pdl for e in table.entries.values())

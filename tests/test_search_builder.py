@@ -67,7 +67,7 @@ def test_search_loop_skips_failed_builds():
 @pytest.mark.gpu
 def test_runner_checks_and_times_on_the_gpu():
     """The default Runner: gemmc.compile + the bench's check-then-time, cuBLAS interleaved."""
-    from gemmc.dispatch import heuristic_schedule
+    from gemmc.choose.shipped_steps import heuristic_schedule
     spec = gemmc.GemmSpec(1024, 1024, 1024)
     s = heuristic_schedule(spec, "sm_90a")
     m = Runner().measure(spec, s, "sm_90a")

@@ -13,6 +13,8 @@ from gemmc.search.cli import main
 from gemmc.search.db import TuningDB
 from gemmc.search.strategy import Measurement, SearchProblem
 
+from conftest import as_gemmc_version
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -218,7 +220,7 @@ def _split(db):
 
 
 def test_confirm_re_measures_the_best_schedules_once_and_resume_skips_them(tmp_path):
-    from gemmc.search.db import CONFIRM
+    from gemmc.choose.tuning_db_schema import CONFIRM
     db = TuningDB(tmp_path / "t.sqlite")
     measure, calls = _drifting()
     spec = _tune(db, measure)
@@ -252,7 +254,7 @@ def test_two_rows_that_disagree_get_a_third_and_the_median_row_decides(tmp_path)
     """cuBLAS ran slow (+10%) in each schedule's first measurement: every search row flatters gemmc, each
     confirmation disagrees with it by ~10%, so the top schedules get a third row and their verdict is the
     median row, a confirmed one."""
-    from gemmc.search.db import CONFIRM
+    from gemmc.choose.tuning_db_schema import CONFIRM
     from gemmc.search.synthetic import model_time_us
     calls = []
 
@@ -279,13 +281,12 @@ def test_two_rows_that_disagree_get_a_third_and_the_median_row_decides(tmp_path)
 def test_after_an_upgrade_confirm_re_measures_the_stale_top(tmp_path, monkeypatch):
     """Rows of an older gemmc: a run with no search left re-measures the schedules at the top, each at
     most three times, until the best rest on the running version's rows."""
-    import gemmc.search.db as dbmod
     db = TuningDB(tmp_path / "t.sqlite")
-    monkeypatch.setattr(dbmod, "__version__", "0.1.0")
+    as_gemmc_version(monkeypatch, "0.1.0")
     measure, calls = _drifting()
     spec = _tune(db, measure)
     n_old = db.count()
-    monkeypatch.setattr(dbmod, "__version__", "0.2.0")
+    as_gemmc_version(monkeypatch, "0.2.0")
     assert all(f.stale for f in db.ranked_schedules(spec, "sm_90a", "fake"))
     again, calls2 = _drifting()
     _tune(db, again)                           # the budget is spent: no search, only re-measures
@@ -303,17 +304,16 @@ def test_after_an_upgrade_confirm_re_measures_the_stale_top(tmp_path, monkeypatc
 def test_fresh_searches_the_budget_again_under_a_new_gemmc(tmp_path, monkeypatch):
     """--fresh after an upgrade: the budget counts only the running version's rows, so the search runs
     again (re-measuring schedules an older gemmc measured); without it, a spent budget searches nothing."""
-    import gemmc.search.db as dbmod
     import gemmc.search.tuning as tuningmod
     db = TuningDB(tmp_path / "t.sqlite")
-    for mod in (dbmod, tuningmod):
-        monkeypatch.setattr(mod, "__version__", "0.1.0")
+    as_gemmc_version(monkeypatch, "0.1.0")
+    monkeypatch.setattr(tuningmod, "__version__", "0.1.0")
     measure, _ = _drifting()
     spec = _tune(db, measure, confirm=0)
     old = {r["schedule"] for r in db.rows()}
     assert len(old) == 6
-    for mod in (dbmod, tuningmod):
-        monkeypatch.setattr(mod, "__version__", "0.2.0")
+    as_gemmc_version(monkeypatch, "0.2.0")
+    monkeypatch.setattr(tuningmod, "__version__", "0.2.0")
     again, calls = _drifting()
     _tune(db, again, confirm=0)
     assert calls == []                                   # the budget counts the 0.1.0 rows
@@ -330,16 +330,15 @@ def test_fresh_searches_the_budget_again_under_a_new_gemmc(tmp_path, monkeypatch
 
 def test_report_marks_picks_measured_by_an_older_gemmc(tmp_path, capsys, monkeypatch):
     import gemmc.search.cli as climod
-    import gemmc.search.db as dbmod
     path = tmp_path / "t.sqlite"
     db = TuningDB(path)
     spec = gemmc.GemmSpec(128, 4096, 4096)
     c = SearchProblem.of(spec).candidates
-    monkeypatch.setattr(dbmod, "__version__", "0.1.0")
+    as_gemmc_version(monkeypatch, "0.1.0")
     db.record(spec, "sm_90a", Measurement(c[0], 25.0, None, 28.0), "NVIDIA H200", "bayes")
     assert main(["--db", str(path), "report"]) == 0
     assert "older gemmc" not in capsys.readouterr().out
-    monkeypatch.setattr(dbmod, "__version__", "0.2.0")
+    as_gemmc_version(monkeypatch, "0.2.0")
     monkeypatch.setattr(climod, "__version__", "0.2.0")
     assert main(["--db", str(path), "report"]) == 0
     out = capsys.readouterr().out
@@ -382,7 +381,7 @@ def test_confirm_zero_turns_it_off_and_negative_is_refused(tmp_path, capsys):
 
 def test_tune_also_measures_listed_schedules_once_and_keeps_them_out_of_the_strategy(tmp_path, capsys):
     from gemmc.bench.policy import parse_schedule
-    from gemmc.search.db import ALSO
+    from gemmc.choose.tuning_db_schema import ALSO
     from gemmc.search.rl import examples_from_db
     db = TuningDB(tmp_path / "t.sqlite")
     swapped = [parse_schedule("128x16x64_pp_s12_swap"), parse_schedule("64x16x128_pp_s10_swap"),

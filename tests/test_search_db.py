@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 
 import gemmc
-from gemmc.search.db import (CONFIRM, SCHEMA_VERSION, TuningDB, _COLUMNS, default_path, epilogue_class,
-                             problem_fields, problem_key)
+from gemmc.choose.tuning_db_schema import (COLUMNS, CONFIRM, SCHEMA_VERSION, default_path, epilogue_class,
+                                          problem_fields, problem_key)
+from gemmc.choose.tuning_db_verdict import version_key
+from gemmc.search.db import TuningDB
 from gemmc.search.strategy import Measurement, SearchProblem, schedule_key
 from gemmc.spec import EpilogueInput, EpilogueOp, Ref
 
-from conftest import not_a_tuning_db
+from conftest import as_gemmc_version, not_a_tuning_db
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = gemmc.GemmSpec(256, 1024, 512)
@@ -120,15 +122,14 @@ def test_one_outlier_among_three_rows_cannot_carry_a_schedule(tmp_path):
 def test_rows_of_a_newer_gemmc_supersede_a_schedules_older_rows(tmp_path, monkeypatch):
     """New kernels may run at another speed: a schedule's figure takes only the rows of the newest gemmc
     that measured it; one measured only by an older gemmc is stale (tune --confirm re-measures it)."""
-    import gemmc.search.db as dbmod
     db = TuningDB(tmp_path / "t.sqlite")
     c = SearchProblem.of(BIG).candidates
-    monkeypatch.setattr(dbmod, "__version__", "0.9.0")
+    as_gemmc_version(monkeypatch, "0.9.0")
     for cu in (110.0, 109.0, 111.0):                                       # schedule 0: 1.10x, three rows
         db.record(BIG, "sm_90a", Measurement(c[0], 100.0, None, cu), GPU)
     db.record(BIG, "sm_90a", Measurement(c[1], 100.0, None, 105.0), GPU)    # schedule 1: 1.05x
     assert not any(f.stale for f in db.ranked_schedules(BIG, "sm_90a", GPU))
-    monkeypatch.setattr(dbmod, "__version__", "0.10.0")                    # an upgrade (0.10 > 0.9)
+    as_gemmc_version(monkeypatch, "0.10.0")                    # an upgrade (0.10 > 0.9)
     f0, f1 = db.ranked_schedules(BIG, "sm_90a", GPU)
     assert (f0.schedule, f0.n_rows, f0.version, f0.stale) == (c[0], 3, "0.9.0", True) and f1.stale
     db.record(BIG, "sm_90a", Measurement(c[0], 100.0, None, 98.0), GPU)     # the new kernel: 0.98x
@@ -136,7 +137,7 @@ def test_rows_of_a_newer_gemmc_supersede_a_schedules_older_rows(tmp_path, monkey
     assert (f0.schedule, f0.n_rows, f0.speedup, f0.version, f0.stale) == (c[0], 1, 0.98, "0.10.0", False)
     e = db.best(BIG, "sm_90a", GPU)
     assert e.schedule == c[1] and e.speedup == 1.05 and e.n_measured == 5     # every row stays stored
-    assert dbmod.version_key("0.10.0") > dbmod.version_key("0.9.1") > dbmod.version_key("0.9")
+    assert version_key("0.10.0") > version_key("0.9.1") > version_key("0.9")
 
 
 def test_rows_without_cublas_rank_by_time(tmp_path):
@@ -206,7 +207,7 @@ def _schema_v1_file(path):
                "schedule": schedule_key(c[i]), "time_us": t,
                "cublas_us": cub, "compile_s": 1.0, "error": None, "strategy": "bayes", "gemmc_version": "0.old",
                "created_at": 1000.0 + n}
-        cols = [k for k in _COLUMNS if k != "timing"]       # schema 1 and 2 had no `timing`
+        cols = [k for k in COLUMNS if k != "timing"]       # schema 1 and 2 had no `timing`
         conn.execute(f"INSERT INTO measurements ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                      [row[k] for k in cols])
     conn.commit()
@@ -387,7 +388,7 @@ def test_own_clock_rows_outrank_interleaved_ones_and_survive_export(tmp_path):
 @pytest.mark.parametrize("kind, needle", [("corrupt", "cannot be read as a tuning DB"), ("zero", "it is empty"),
                                           ("foreign", "its measurements table lacks"), ("folder", "is a folder")])
 def test_opening_a_file_that_is_not_a_tuning_db_names_it_and_leaves_it_alone(tmp_path, kind, needle):
-    from gemmc.search.db import TuningDBError
+    from gemmc.choose.tuning_db_schema import TuningDBError
     path = not_a_tuning_db(tmp_path)[kind]
     before = None if path.is_dir() else path.read_bytes()
     with pytest.raises(TuningDBError, match=needle) as e:
@@ -401,7 +402,7 @@ def test_opening_a_file_that_is_not_a_tuning_db_names_it_and_leaves_it_alone(tmp
 
 
 def test_a_writer_makes_an_empty_file_a_db_and_a_reader_never_creates_or_writes(tmp_path):
-    from gemmc.search.db import TuningDBError
+    from gemmc.choose.tuning_db_schema import TuningDBError
     zero = not_a_tuning_db(tmp_path)["zero"]
     TuningDB(zero).close()                              # e.g. `touch`ed, or cut off before its schema
     assert TuningDB(zero, create=False).count() == 0
@@ -436,7 +437,7 @@ def _gz(path, text):
     (lambda p: _gz(p, '{"format": "gemmc-tun'), "damaged or not JSON|not one JSON document"),
 ])
 def test_import_names_the_file_and_what_is_wrong_with_it(tmp_path, make, needle):
-    from gemmc.search.db import TuningDBError
+    from gemmc.choose.tuning_db_schema import TuningDBError
     src = make(tmp_path / "x.json.gz")
     db = TuningDB(tmp_path / "t.sqlite")
     with pytest.raises(TuningDBError, match=needle) as e:
@@ -445,7 +446,7 @@ def test_import_names_the_file_and_what_is_wrong_with_it(tmp_path, make, needle)
 
 
 def test_export_never_overwrites_its_own_db(tmp_path, monkeypatch):
-    from gemmc.search.db import TuningDBError
+    from gemmc.choose.tuning_db_schema import TuningDBError
     db = TuningDB(tmp_path / "t.sqlite")
     db.record(SPEC, "sm_90a", Measurement(_sched(0), 10.0, None, 11.0), GPU)
     monkeypatch.chdir(tmp_path)

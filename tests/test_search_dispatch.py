@@ -3,7 +3,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import gemmc
-from gemmc.dispatch import Decision, heuristic_schedule, resolve_auto
+from gemmc.choose.auto import resolve_auto
+from gemmc.choose.decision import Decision
+from gemmc.choose.shipped_steps import heuristic_schedule
+from gemmc.choose.tuning_db import TuningDBReader
 from gemmc.schedule import is_valid
 from gemmc.search.db import TuningDB
 from gemmc.search.strategy import Measurement, SearchProblem
@@ -32,7 +35,7 @@ def no_shipped_tables():
 def no_gpu_named(monkeypatch):
     """No GPU named or visible (the rows here are measured on "H200"): `auto` reads any GPU's rows, on any
     host (a visible GPU would take only its own rows: tests/test_dispatch_audit.py)."""
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    monkeypatch.setattr("gemmc.choose.gpu._visible_gpu", lambda: None)
     monkeypatch.delenv("GEMMC_GPU", raising=False)
 
 
@@ -144,8 +147,8 @@ def test_a_policy_of_older_features_is_skipped_with_a_warning(db):
     """A policy saved under another feature version (e.g. 3, before the odd-N tile widths) cannot score this
     gemmc's schedules: `auto` says so once, and answers from the neighbours and the heuristic."""
     import dataclasses
-    from gemmc.search.features import FeatureSpec
-    from gemmc.search.schedule_policy import SchedulePolicy
+    from gemmc.choose.features import FeatureSpec
+    from gemmc.choose.schedule_policy import SchedulePolicy
     old = SchedulePolicy(hidden=8)
     old.feature_spec = dataclasses.replace(FeatureSpec(), version=3)
     db.save_policy(old)
@@ -190,7 +193,7 @@ def test_a_symbolic_batch_never_reuses_unbatched_entries(db):
 @pytest.fixture
 def fresh_warnings(monkeypatch):
     """`auto` warns once per process about each file or name; each test starts with none said."""
-    monkeypatch.setattr("gemmc.dispatch._warned", set())
+    monkeypatch.setattr("gemmc.choose.notices._warned", set())
 
 
 def test_an_unreadable_db_is_skipped_with_one_warning_naming_it(tmp_path, monkeypatch, fresh_warnings):
@@ -223,7 +226,7 @@ def test_a_db_that_fails_mid_read_is_skipped_with_a_warning(db, monkeypatch, fre
 
     def malformed(*a, **k):
         raise sqlite3.DatabaseError("database disk image is malformed")
-    monkeypatch.setattr(TuningDB, "best", malformed)
+    monkeypatch.setattr(TuningDBReader, "best", malformed)      # auto reads a DB path through the reader
     with pytest.warns(UserWarning, match="reading .*t.sqlite failed .*malformed"):
         d = resolve_auto(SPEC, "sm_90a", db=db.path)
     assert d.source == "heuristic"
@@ -231,9 +234,9 @@ def test_a_db_that_fails_mid_read_is_skipped_with_a_warning(db, monkeypatch, fre
 
 def test_a_misspelled_gemmc_gpu_warns_once_with_the_known_names(monkeypatch, fresh_warnings):
     import warnings
-    from gemmc.pretuned import load_tables
+    from gemmc.choose.pretuned import load_tables
     monkeypatch.setenv("GEMMC_PRETUNED", "1")
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    monkeypatch.setattr("gemmc.choose.gpu._visible_gpu", lambda: None)
     known = sorted({t.gpu for t in load_tables()})
     monkeypatch.setenv("GEMMC_GPU", "NVIDIA H20O")
     with pytest.warns(UserWarning, match="GEMMC_GPU='NVIDIA H20O' matches no shipped table") as caught:
@@ -257,8 +260,8 @@ def test_a_misspelled_gemmc_gpu_warns_once_with_the_known_names(monkeypatch, fre
 
 def test_the_docstring_describes_the_verdict_the_db_gives(db):
     """Three paired rows: the median row decides (not the geometric mean), as the module says."""
-    import gemmc.dispatch
-    doc = " ".join(gemmc.dispatch.__doc__.split())
+    import gemmc.choose.auto
+    doc = " ".join(gemmc.choose.auto.__doc__.split())
     assert "median row's" in doc and "geometric mean over the best schedule's rows" not in doc
     c = _cands(SPEC)
     for t, cub in [(50.0, 49.0), (50.0, 49.5), (50.0, 80.0)]:   # geomean 1.14x, median row 0.99x

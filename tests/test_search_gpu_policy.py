@@ -15,8 +15,9 @@ import pytest
 import torch
 
 import gemmc
-from gemmc.dispatch import resolve_auto
-from gemmc.search.db import SCHEMA_VERSION, TuningDB, TuningDBError, problem_fields, problem_key
+from gemmc.choose.auto import resolve_auto
+from gemmc.choose.tuning_db_schema import SCHEMA_VERSION, TuningDBError, problem_fields, problem_key
+from gemmc.search.db import TuningDB
 from gemmc.search.strategy import Measurement, SearchProblem, schedule_key
 
 H200 = "NVIDIA H200"
@@ -30,7 +31,7 @@ ASK = gemmc.GemmSpec(2048, 1024, 8192)          # a shape no row is near (other 
 @pytest.fixture(autouse=True)
 def no_gpu(monkeypatch):
     """No GPU named or visible, no shipped tables: each test names the GPU it means."""
-    monkeypatch.setattr("gemmc.pretuned._visible_gpu", lambda: None)
+    monkeypatch.setattr("gemmc.choose.gpu._visible_gpu", lambda: None)
     monkeypatch.delenv("GEMMC_GPU", raising=False)
     monkeypatch.setenv("GEMMC_PRETUNED", "0")
 

@@ -10,9 +10,13 @@ from types import SimpleNamespace
 import pytest
 
 import gemmc
+from gemmc.choose.tuning_db_schema import CONFIRM
+from gemmc.choose.tuning_db_verdict import failed_check
 from gemmc.search.cli import main
-from gemmc.search.db import CONFIRM, TuningDB, failed_check
+from gemmc.search.db import TuningDB
 from gemmc.search.strategy import Measurement, SearchProblem
+
+from conftest import as_gemmc_version
 
 SPEC = gemmc.GemmSpec(256, 1024, 512)
 GPU = "NVIDIA H200"
@@ -79,15 +83,14 @@ def test_other_failures_do_not_disqualify(tmp_path):
 
 
 def test_a_newer_gemmc_that_passes_the_check_requalifies_and_one_that_fails_disqualifies(tmp_path, monkeypatch):
-    import gemmc.search.db as dbmod
     db = TuningDB(tmp_path / "t.sqlite")
-    monkeypatch.setattr(dbmod, "__version__", "0.1.0")
+    as_gemmc_version(monkeypatch, "0.1.0")
     s1, s2 = _repro(db)
-    monkeypatch.setattr(dbmod, "__version__", "0.2.0")
+    as_gemmc_version(monkeypatch, "0.2.0")
     db.record(SPEC, "sm_90a", Measurement(s1, 10.0, None, 12.5), GPU, CONFIRM)     # the kernel was fixed
     best = db.best(SPEC, "sm_90a", GPU)
     assert best.schedule == s1 and best.version == "0.2.0" and db.disqualified() == []
-    monkeypatch.setattr(dbmod, "__version__", "0.3.0")
+    as_gemmc_version(monkeypatch, "0.3.0")
     db.record(SPEC, "sm_90a", Measurement(s1, None, WRONG), GPU, CONFIRM)          # and broken again
     assert db.best(SPEC, "sm_90a", GPU).schedule == s2
     assert [(d.schedule, d.version, d.n_ok) for d in db.disqualified()] == [(s1, "0.3.0", 0)]

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 import gemmc
 from gemmc.schedule import enumerate_schedules, is_valid
-from gemmc.search.features import FeatureSpec, gp_features, policy_features
+from gemmc.choose.features import FeatureSpec, gp_features, policy_features
 from gemmc.search.simulate import fractions, group_problems, simulate, split_folds
 from gemmc.search.registry import make_strategy
 from gemmc.search.strategy import Measurement, SearchProblem, best_so_far, run_search
@@ -130,7 +130,7 @@ def test_small_simulation_meets_the_targets(problems):
 
 def test_rl_policy_zero_shot_finetune_and_persistence(problems):
     from gemmc.search.rl import RLStrategy, train_policy_on_problems
-    from gemmc.search.schedule_policy import SchedulePolicy
+    from gemmc.choose.schedule_policy import SchedulePolicy
     train, held = problems[:-3], problems[-3:]
     unseen = [p for p in held if (p.spec.n, p.spec.k) not in {(q.spec.n, q.spec.k) for q in train}] or held
     pol = train_policy_on_problems(train, epochs=25, seed=0)
@@ -150,14 +150,14 @@ def test_rl_policy_zero_shot_finetune_and_persistence(problems):
     assert torch.equal(again.scores(p.spec, prob.candidates), before)
     blob = SchedulePolicy(hidden=8)
     import dataclasses
-    from gemmc.search.features import FeatureSpec
+    from gemmc.choose.features import FeatureSpec
     blob.feature_spec = dataclasses.replace(FeatureSpec(), version=0)
     with pytest.raises(ValueError, match="retrain"):
         SchedulePolicy.from_bytes(blob.to_bytes())
 
 
 def test_heuristic_prior_ranks_every_candidate_of_the_standard_space():
-    from gemmc.heuristic import estimate
+    from gemmc.choose.heuristic import estimate
     from gemmc.search.heuristic_prior import heuristic_order
     spec = gemmc.GemmSpec(m=64, n=28672, k=4096)
     problem = SearchProblem.of(spec)
@@ -176,16 +176,16 @@ def test_features_tell_a_swapped_kernel_from_the_same_tile_unswapped():
     assert FeatureSpec().version == 4
     assert len(policy_features(swapped, spec)) == FeatureSpec().dim
     # an 8-wide activation tile (version 3) has its own choice, not an all-zero tile N
-    from gemmc.search.features import choice_features
+    from gemmc.choose.features import choice_features
     eight = gemmc.Schedule(tile=(64, 8, 128), cluster=(1, 2), mode="pingpong", stages=10, swap_ab=True)
     assert choice_features(eight) != choice_features(swapped) and sum(choice_features(eight)) == sum(choice_features(swapped))
     # the odd-N tiles (version 4) likewise: 48/80/112 are choices the policy can learn from
-    from gemmc.search.features import describes
+    from gemmc.choose.features import describes
     waves = [gemmc.Schedule(tile=(64, n, 128), mode="pingpong") for n in (48, 80, 112)]
     assert all(describes(w) for w in waves) and len({tuple(choice_features(w)) for w in waves}) == 3
     assert gp_features(swapped, spec) != gp_features(flat, spec)
     # the derived part describes the kernel's problem: 4096 / 64 = 64 CTAs, not 1 x 256
-    from gemmc.search.features import DERIVED_FEATURES, derived_features
+    from gemmc.choose.features import DERIVED_FEATURES, derived_features
     d = dict(zip(DERIVED_FEATURES, derived_features(swapped, spec)))
     assert d["log2_ctas"] == 6.0 and d["pad_eff_n"] == 1.0
     assert d["log2_stages"] == math.log2(10)

@@ -146,7 +146,7 @@ def test_rl_reads_the_default_db_policy(tmp_path, monkeypatch, policy):
 
 
 def test_policy_round_trip_keeps_everything(policy):
-    from gemmc.search.schedule_policy import SchedulePolicy
+    from gemmc.choose.schedule_policy import SchedulePolicy
     again = SchedulePolicy.from_bytes(policy.to_bytes())
     assert again.hidden == policy.hidden and again.trained_shapes == policy.trained_shapes == 2
     assert again.feature_spec == policy.feature_spec
@@ -157,7 +157,7 @@ def test_policy_round_trip_keeps_everything(policy):
 @pytest.mark.parametrize("blob", [b"", b"not a policy", b"PK\x03\x04garbage"])
 def test_unreadable_policy_is_a_gemmc_error(blob):
     """`gemmc-search tune --strategy rl` prints a GemmcError as one line; anything else is a traceback."""
-    from gemmc.search.schedule_policy import SchedulePolicy
+    from gemmc.choose.schedule_policy import SchedulePolicy
     with pytest.raises(GemmcError, match="train-policy"):
         SchedulePolicy.from_bytes(blob)
 
@@ -165,8 +165,8 @@ def test_unreadable_policy_is_a_gemmc_error(blob):
 def test_stale_policy_is_a_gemmc_error(policy):
     import dataclasses
 
-    from gemmc.search.features import FeatureSpec
-    from gemmc.search.schedule_policy import SchedulePolicy
+    from gemmc.choose.features import FeatureSpec
+    from gemmc.choose.schedule_policy import SchedulePolicy
     old = SchedulePolicy(hidden=8)
     old.feature_spec = dataclasses.replace(FeatureSpec(), version=0)
     with pytest.raises(GemmcError, match="retrain"):

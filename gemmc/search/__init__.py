@@ -9,9 +9,10 @@ schedules from `gemmc.schedule.enumerate_schedules`) and the history of `Measure
 `evaluate(list[Schedule]) -> list[Measurement]` is the Builder + Runner on a GPU (see
 `tune`, the loop `gemmc-search tune` runs), or a recorded dataset (`simulate.RecordedProblem.evaluate`) on the CPU.
 
-`gemmc.dispatch.resolve_auto` turns the tuning DB into `schedule="auto"` decisions, by the DB's paired
-verdict (`db.TuningDB.best`: the highest cuBLAS / gemmc timed in the same runs, as the geometric mean of a
-schedule's rows, or its median row from three rows on).
+The search writes the tuning DB (`db.TuningDB`) and trains the policy (`rl`); `schedule="auto"` reads both
+through gemmc.choose (`gemmc.choose.auto.resolve_auto`), by the DB's paired verdict
+(`gemmc.choose.tuning_db_verdict`: the highest cuBLAS / gemmc timed in the same runs, as the geometric mean of
+a schedule's rows, or its median row from three rows on). gemmc.choose never imports this package.
 
 The simulator (`gemmc-search simulate`, examples/search_simulate.py) replays recorded sweeps through the
 strategies on the CPU; its functions are exported here:

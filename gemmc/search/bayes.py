@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from .features import gp_features
+from ..choose.features import gp_features
 from .heuristic_prior import heuristic_available, heuristic_order
 from .strategy import BaseStrategy, SearchProblem
 

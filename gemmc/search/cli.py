@@ -213,7 +213,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _db_path(args) -> Path:
-    from .db import default_path
+    from ..choose.tuning_db_schema import default_path
     return Path(args.db) if args.db else default_path()
 
 
@@ -278,7 +278,7 @@ DISQUALIFIED_SHOWN = 20      # the report lists this many disqualified schedules
 
 def _print_disqualified(disqualified) -> None:
     """Which schedules failed their correctness check, so that no pick can be one of them, and why."""
-    from .db import CHECK_FAILED
+    from ..choose.tuning_db_verdict import CHECK_FAILED
     if not disqualified:
         return
     n = len(disqualified)
@@ -296,7 +296,7 @@ def _print_disqualified(disqualified) -> None:
 
 def _print_policies(policies) -> None:
     """The stored rl policies, one per GPU (and one of unknown GPU), each with the problems it was trained on."""
-    from .db import policy_name
+    from ..choose.tuning_db_schema import policy_name
     if not policies:
         return
     print("rl policies (schedule='auto' and `tune --strategy rl` use the target GPU's, else the unknown GPU's):")
@@ -503,7 +503,7 @@ def cmd_import(args) -> int:
 
 
 def cmd_train_policy(args) -> int:
-    from ..pretuned import target_gpu
+    from ..choose.gpu import target_gpu
     from .db import TuningDB
     from .rl import train_policy_from_db
     gpu = target_gpu(args.gpu)      # --gpu, else GEMMC_GPU, else the visible GPU; None: every GPU's rows

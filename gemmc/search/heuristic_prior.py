@@ -1,4 +1,4 @@
-"""The analytic heuristic (gemmc/heuristic.py, another module) as a prior ordering for the search.
+"""The analytic heuristic (gemmc/choose/heuristic.py) as a prior ordering for the search.
 
 Imported lazily: the search works (with a space-filling start) when the heuristic is absent or
 its call fails, and says so once through `warnings`.
@@ -17,7 +17,7 @@ _warned = False
 
 def heuristic_available() -> bool:
     try:
-        from ..heuristic import rank_schedules  # noqa: F401
+        from ..choose.heuristic import rank_schedules  # noqa: F401
         return True
     except ImportError:
         return False
@@ -27,7 +27,7 @@ def heuristic_order(problem: SearchProblem) -> Optional[list[Schedule]]:
     """The feasible candidates, best-first by the heuristic; None if the heuristic is unavailable."""
     global _warned
     try:
-        from .. import heuristic
+        from ..choose import heuristic
         rank = heuristic.rank_schedules
         params = inspect.signature(rank).parameters
         kw = {}
@@ -39,7 +39,7 @@ def heuristic_order(problem: SearchProblem) -> Optional[list[Schedule]]:
         ranked = rank(problem.spec, **kw)
     except Exception as e:  # the heuristic is optional for the search
         if not _warned:
-            warnings.warn(f"gemmc.heuristic.rank_schedules unavailable ({type(e).__name__}: {e}); "
+            warnings.warn(f"gemmc.choose.heuristic.rank_schedules unavailable ({type(e).__name__}: {e}); "
                           "the search starts from a space-filling design instead", stacklevel=2)
             _warned = True
         return None

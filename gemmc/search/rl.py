@@ -10,7 +10,8 @@ softmax of reward / T, reward = log(cuBLAS time / kernel time); failed schedules
 worst reward minus a margin. On a new shape the first proposal is the policy's argmax (zero-shot);
 after each observation a copy is fine-tuned on that shape's measurements (anchored to the trained
 weights) and the best-scoring unmeasured schedules are proposed next.
-The network and its stored form are `schedule_policy.SchedulePolicy`; this module trains it and searches with it.
+The network and its stored form are `gemmc.choose.schedule_policy.SchedulePolicy` (`auto` loads it); this module
+trains it and searches with it.
 
 A policy trained from the tuning DB learns from one GPU's rows (`train_policy_from_db(gpu_name=...)`: the
 GPU being tuned on, or the one `gemmc-search train-policy --gpu` names) and records it in `gpu_name`; the DB
@@ -30,8 +31,8 @@ import torch
 
 from ..schedule import Schedule
 from ..spec import GemmSpec
-from .features import describes
-from .schedule_policy import SchedulePolicy
+from ..choose.features import describes
+from ..choose.schedule_policy import SchedulePolicy
 from .strategy import BaseStrategy, Measurement, SearchProblem
 
 
@@ -115,8 +116,9 @@ class RLStrategy(BaseStrategy):
         super().__init__(seed)
         gpu = None
         if policy is None:      # the default DB's policy for the target GPU (GEMMC_GPU, else the visible one)
-            from ..pretuned import target_gpu
-            from .db import TuningDB, default_path
+            from ..choose.gpu import target_gpu
+            from ..choose.tuning_db_schema import default_path
+            from .db import TuningDB
             path, gpu = default_path(), target_gpu()
             if path.is_file():      # read-only: looking for a policy must not create a DB
                 with TuningDB(path, create=False) as db:
@@ -176,7 +178,7 @@ def examples_from_db(db, gpu_name: Optional[str] = None) -> list[ShapeExamples]:
     features do not describe (features.describes: stream-K, 192-row tiles) are left out."""
     import json as _json
 
-    from .db import rank_by_verdict, schedule_figures
+    from ..choose.tuning_db_verdict import rank_by_verdict, schedule_figures
     by_problem: dict[tuple, list[dict]] = {}
     for r in db.rows():
         if gpu_name is None or r["gpu_name"] == gpu_name:

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 from ..errors import GemmcError
 from ..schedule import Schedule
 from ..spec import GemmSpec
-from .db import CHECK_FAILED
+from ..choose.tuning_db_verdict import CHECK_FAILED
 from .strategy import SUSTAINED, Measurement
 
 MeasureFn = Callable[[GemmSpec, Schedule, str], Measurement]

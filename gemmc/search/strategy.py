@@ -6,38 +6,16 @@ evaluator (the Builder + Runner on a GPU, or the recorded dataset in simulation)
 """
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Protocol, Sequence
 
+# the measurement a strategy observes is the tuning DB's row type, shared with gemmc.choose
+from ..choose.measurement import SUSTAINED, Measurement, schedule_key  # noqa: F401
 from ..schedule import Schedule, enumerate_schedules, is_valid
 from ..spec import GemmSpec
 from ..types import as_arch
-
-
-def schedule_key(s: Schedule) -> str:
-    """Canonical JSON of a schedule: the DB's and the dataset's identity for it."""
-    return json.dumps(s.to_dict(), sort_keys=True, separators=(",", ":"))
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One evaluated schedule: a time in microseconds, or the error that stopped it."""
-    schedule: Schedule
-    time_us: Optional[float] = None
-    error: Optional[str] = None
-    cublas_us: Optional[float] = None
-    compile_s: Optional[float] = None
-    timing: Optional[str] = None      # SUSTAINED: each side timed at its own power-capped clock; None: interleaved
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.time_us is not None and math.isfinite(self.time_us) and self.time_us > 0
-
-
-SUSTAINED = "sustained"     # Measurement.timing of a call timed by `--sustained-s` (bench_shape's `sustained`)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def tune(shapes, *, dtype: str, arch: str, strategy: str, budget: int, batch: in
 
     from ..schedule import is_valid
     from ..spec import GemmSpec
-    from .db import ALSO
+    from ..choose.tuning_db_schema import ALSO
     from .registry import make_strategy
     from .strategy import SearchProblem, run_search
     kw = {"policy": _rl_policy(db, gpu_name, seed, progress)} if strategy == "rl" else {}
@@ -146,7 +146,7 @@ def _confirm(spec, arch, gpu_name, n, db, bar, evaluate, sustained_only: bool = 
     three rows the verdict takes the median row, so a run whose cuBLAS side happened to be slow cannot
     pick the schedule. At most two such rows per schedule and run (three for a stale one); a resumed run
     finds those stored."""
-    from .db import CONFIRM
+    from ..choose.tuning_db_schema import CONFIRM
     top = [f.schedule for f in db.ranked_schedules(spec, arch, gpu_name, search_only=True)[:n]]
     done = db.confirmed(spec, arch, gpu_name, sustained_only)
     todo = [s for s in top if s not in done]
@@ -169,7 +169,7 @@ def _confirm(spec, arch, gpu_name, n, db, bar, evaluate, sustained_only: bool = 
 def _say_failed(measurements, bar) -> None:
     """A schedule that passed its check before and fails on re-measure is worth a look; a failed check
     disqualifies it (db.failed_check), and the next best takes its place."""
-    from .db import failed_check
+    from ..choose.tuning_db_verdict import failed_check
     for m in measurements:
         if failed_check(m.error):
             bar.write(f"confirm: {m.schedule.short()} failed its correctness check on re-measure, so it is "

@@ -1,8 +1,6 @@
 """`SchedulePolicy`: the network that scores a (shape, schedule) pair, and its persistence (the blob the tuning
-DB stores). How it is trained and how the rl strategy searches with it are `gemmc.search.rl`'s.
-
-A module apart from rl.py so that the tuning DB, which loads stored policies, and rl.py, which trains from the
-DB, need not import each other.
+DB stores). `schedule="auto"` loads a stored one (gemmc.choose.tuning_db) and asks it for the best feasible
+schedule; how it is trained, and how the rl strategy searches with it, are gemmc.search.rl's.
 """
 from __future__ import annotations
 

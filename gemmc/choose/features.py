@@ -1,4 +1,5 @@
-"""Numeric encodings of a problem and a schedule, shared by the GP (`bayes`) and the policy (`rl`).
+"""Numeric encodings of a problem and a schedule: the trained policy's (gemmc.choose.schedule_policy, trained by
+gemmc.search.rl) and the search's GP (gemmc.search.bayes).
 
 Schedule features are the factored choices (tile, cluster, mode, raster, swizzle, split-K, swap_ab) plus
 what they imply for this shape: tile counts, wave quantization, padding waste, k-loop length. A swapped

@@ -4,7 +4,7 @@ One symbolic-M kernel serves every M, but the best schedule, and whether cuBLAS 
 decode batch of 16 rows wants a swapped kernel with 8-wide activation tiles, a prefill of 4096 rows
 wants 128x256 tiles.
 A runtime M is rounded up to a power of two (M above the last bucket shares it). Each bucket is resolved
-once with gemmc.dispatch.resolve_auto at that M. Its kernel is compiled for the symbolic spec, so it
+once with gemmc.choose.auto.resolve_auto at that M. Its kernel is compiled for the symbolic spec, so it
 serves every M of the bucket, and is built on first use (or by `build()`). A bucket's cuBLAS fallback
 holds for all its M.
 """
@@ -13,8 +13,10 @@ from __future__ import annotations
 import threading
 from typing import Callable, Optional
 
-from .schedule import Schedule, is_valid
-from .spec import GemmSpec
+from ..schedule import Schedule, is_valid
+from ..spec import GemmSpec
+from . import auto
+from .decision import Decision
 
 BUCKETS = tuple(2 ** i for i in range(17))          # 1 .. 65536 rows
 # M_BUCKETS[i]: the runtime M that BUCKETS[i] takes, (lo, hi) inclusive; hi None for the last, which takes
@@ -58,12 +60,11 @@ class MBuckets:
         self._default_schedule = default_schedule
 
     def decision(self, m: int):
-        """The dispatch Decision of M's bucket (resolved once per bucket)."""
-        from .dispatch import Decision, resolve_auto
+        """The `auto` Decision of M's bucket (resolved once per bucket)."""
         b = bucket_of(m)
         d = self._decisions.get(b)
         if d is None:
-            d = resolve_auto(self.spec, self.arch, m=b, db=self.db)
+            d = auto.resolve_auto(self.spec, self.arch, m=b, db=self.db)
             if not is_valid(d.schedule, self.spec):   # valid at M = b, not for every M: keep the default
                 d = Decision(self._default_schedule, "heuristic", detail=f"bucket {b}: {d.schedule.short()} "
                              "is not valid for symbolic M")

@@ -1,7 +1,7 @@
 """Schedules measured on a known GPU and shipped with gemmc: what `schedule="auto"` uses before any
-tuning of one's own (gemmc/dispatch.py consults them after the user's tuning DB).
+tuning of one's own (gemmc/choose/auto.py consults them after the user's tuning DB).
 
-A table (gemmc/pretuned_data/<gpu>.json) holds, per shape, the fastest schedule of a recorded sweep
+A table (gemmc/choose/pretuned_data/<gpu>.json) holds, per shape, the fastest schedule of a recorded sweep
 (bench/data) and the cuBLAS time measured beside it; where a tuning-DB export of the same GPU has the
 shape, its paired verdict (confirmed re-measurements, schedules the sweep never had, such as swap_ab)
 wins. Its `checks` are measurements of the heuristic's own pick on shapes outside the table (`gemmc bench
@@ -18,15 +18,16 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
-from .schedule import Schedule
-from .spec import GemmSpec
-from .types import as_arch
+from ..schedule import Schedule
+from ..spec import GemmSpec
+from ..types import as_arch
+from .gpu import target_gpu
+from .neighbours import m_neighbours
 
 FORMAT = "gemmc-pretuned/1"
 DATA_DIR = Path(__file__).resolve().parent / "pretuned_data"
-NEAR_LOG2_M = 1.0          # a tuned shape with the same N, K and M within 2x lends its schedule
 VERDICT_NEIGHBOURS = 5     # an unmeasured shape goes to cuBLAS if cuBLAS won at any of its 5 nearest measured ones...
 VERDICT_MAX_LOG2 = 3.0     # ...within 8x (log2 distance over M, N, K)
 
@@ -68,29 +69,29 @@ class PretunedTable:
                 and spec.a_layout == "mk" and spec.b_layout == "nk" and spec.batch is None
                 and all(isinstance(d, int) for d in (spec.m, spec.n, spec.k)))
 
-    def lookup(self, spec: GemmSpec) -> Optional[tuple[PretunedEntry, bool]]:
-        """(entry, exact) for `spec`: the same shape, else the nearest M with the same N and K (within
-        2x); None when the class or the shape is not covered."""
+    def lookup(self, spec: GemmSpec, usable: Callable[[PretunedEntry], bool] = lambda e: True
+               ) -> Optional[tuple[PretunedEntry, bool]]:
+        """(entry, exact) for `spec`: the same shape's entry, else its nearest neighbour's (gemmc.choose.neighbours:
+        same N and K, M within 2x), the first one `usable` accepts (dispatch: its schedule is valid for `spec`);
+        None when the class is not covered or no entry is usable."""
         if not self.covers(spec):
             return None
-        exact = self.entries.get((spec.m, spec.n, spec.k))
-        if exact is not None:
+        shape = (spec.m, spec.n, spec.k)
+        exact = self.entries.get(shape)
+        if exact is not None and usable(exact):
             return exact, True
-        near = [(abs(math.log2(e.m / spec.m)), e) for e in self.entries.values() if (e.n, e.k) == (spec.n, spec.k)]
-        near = [t for t in near if t[0] <= NEAR_LOG2_M]
-        if not near:
-            return None
-        return min(near, key=lambda t: (t[0], t[1].m))[1], False
+        for e in m_neighbours(self.entries.values(), shape, lambda e: (e.m, e.n, e.k)):
+            if usable(e):
+                return e, False
+        return None
 
     def predicted_cublas_faster(self, spec: GemmSpec, k: int = VERDICT_NEIGHBOURS,
                                 max_log2: float = VERDICT_MAX_LOG2) -> Optional[bool]:
         """For a shape the table did not measure, which the heuristic will answer: did cuBLAS win at any of
         the `k` nearest measured shapes (log2 distance over M, N, K at most `max_log2`)? The checks vote
         where any lies that near (they measured the heuristic's picks, which this shape will run), else the
-        entries (their tuned schedules). None when nothing is that near. Left-one-out on the H200 table
-        (tests/test_pretuned.py), over the 422 checks: the heuristic alone 1.020x cuBLAS (113 shapes below
-        0.98x), with this verdict 1.043x (4 below 0.98x). A fresh set of 64 shapes measured on the H200 with
-        170 checks: 0.971x -> 1.014x, minimum 0.692x -> 0.994x."""
+        entries (their tuned schedules). None when nothing is that near. tests/test_pretuned.py measures what
+        it gains over the heuristic alone, left-one-out on the shipped table's checks."""
         return self.cublas_verdict(spec, k, max_log2)[0]
 
     def cublas_verdict(self, spec: GemmSpec, k: int = VERDICT_NEIGHBOURS,
@@ -161,21 +162,6 @@ def with_checks(table: PretunedTable, checks: Iterable[PretunedEntry], source: s
 @lru_cache(maxsize=None)
 def load_tables(data_dir: str = str(DATA_DIR)) -> tuple[PretunedTable, ...]:
     return tuple(table_from_json(json.loads(p.read_text())) for p in sorted(Path(data_dir).glob("*.json")))
-
-
-def _visible_gpu() -> Optional[str]:
-    try:
-        import torch
-        return torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    except Exception:       # no torch CUDA runtime: nothing visible
-        return None
-
-
-def target_gpu(gpu_name: Optional[str] = None) -> Optional[str]:
-    """The GPU `auto` decides for: `gpu_name`, else GEMMC_GPU, else the visible GPU's name; None for an
-    ahead-of-time build on a machine with no GPU that names none. GEMMC_GPU names the GPU an ahead-of-time
-    build is for, so `auto` picks there what it will pick on that GPU (the cache then hits)."""
-    return gpu_name or os.environ.get("GEMMC_GPU") or _visible_gpu()
 
 
 def table_for(arch: str, gpu_name: Optional[str] = None) -> Optional[PretunedTable]:

@@ -1,0 +1,98 @@
+"""The tuning DB's file: its tables and columns, where it lives, and how a problem is keyed in it.
+
+Both sides share this: gemmc.search.db creates and writes the file, gemmc.choose.tuning_db reads it (and checks
+that a file is gemmc's before reading it). Location: $GEMMC_TUNING_DB, else
+<$GEMMC_CACHE_DIR or ~/.cache/gemmc>/tuning.sqlite.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+from ..errors import GemmcError
+from ..spec import GemmSpec
+from ..types import as_arch
+
+SCHEMA_VERSION = 4      # 2: the min-time view best_per_problem is gone (the verdict is paired, in Python);
+                        # 3: a measurement's `timing` (own-clock rows of long calls outrank interleaved ones);
+                        # 4: the GPU a policy was trained for (policies.gpu_name; NULL: unknown, as in older files)
+CONFIRM = "confirm"     # the strategy of the rows `gemmc-search tune` re-measures after a search
+ALSO = "also"           # the strategy of the rows `gemmc-search tune --also` measures besides the search
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS measurements (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    problem TEXT NOT NULL,            -- canonical JSON of the problem (exact-match identity)
+    m INTEGER NOT NULL, n INTEGER NOT NULL, k INTEGER NOT NULL, batch INTEGER,
+    dtype TEXT NOT NULL, out_dtype TEXT NOT NULL, acc_dtype TEXT NOT NULL,
+    a_layout TEXT NOT NULL, b_layout TEXT NOT NULL, epilogue_class TEXT NOT NULL,
+    arch TEXT NOT NULL, gpu_name TEXT NOT NULL,
+    schedule TEXT NOT NULL,           -- canonical JSON of the Schedule
+    time_us REAL, cublas_us REAL, compile_s REAL, error TEXT,
+    strategy TEXT, gemmc_version TEXT NOT NULL, created_at REAL NOT NULL,
+    timing TEXT                       -- 'sustained': each side timed at its own power-capped clock; NULL: interleaved
+);
+CREATE INDEX IF NOT EXISTS measurements_problem ON measurements (problem, gpu_name);
+CREATE TABLE IF NOT EXISTS policies (
+    name TEXT PRIMARY KEY, blob BLOB NOT NULL, feature_spec TEXT NOT NULL,
+    trained_shapes INTEGER, gemmc_version TEXT NOT NULL, created_at REAL NOT NULL,
+    gpu_name TEXT                     -- the GPU whose rows trained it; NULL: unknown (several GPUs', or an older gemmc)
+);
+"""
+COLUMNS = ("problem", "m", "n", "k", "batch", "dtype", "out_dtype", "acc_dtype", "a_layout", "b_layout",
+           "epilogue_class", "arch", "gpu_name", "schedule", "time_us", "cublas_us", "compile_s", "error",
+           "strategy", "gemmc_version", "created_at", "timing")
+DEFAULT_POLICY = "default"  # the name of a policy of unknown GPU; a GPU's policy is stored under the GPU's name
+POLICY_COLUMNS = ("name", "blob", "feature_spec", "trained_shapes", "gemmc_version", "created_at", "gpu_name")
+
+# a file is gemmc's tuning DB when it holds these tables, and the measurements table these columns
+TABLES = {"measurements", "policies"}
+KEY_COLUMNS = {"problem", "gpu_name", "schedule", "time_us", "cublas_us", "gemmc_version"}
+HINT = "point gemmc-search --db or GEMMC_TUNING_DB at a gemmc tuning DB (`gemmc-search tune` writes one)"
+
+# the columns that name the problem of a row (BestEntry.fields)
+FIELDS = ("m", "n", "k", "batch", "dtype", "out_dtype", "acc_dtype", "a_layout", "b_layout", "epilogue_class",
+          "arch")
+
+
+class TuningDBError(GemmcError):
+    """A tuning DB (or an export of one) is missing, unreadable, or not gemmc's."""
+
+
+def default_path() -> Path:
+    if os.environ.get("GEMMC_TUNING_DB"):
+        return Path(os.environ["GEMMC_TUNING_DB"]).expanduser()
+    cache = os.environ.get("GEMMC_CACHE_DIR") or os.path.join("~", ".cache", "gemmc")
+    return Path(cache).expanduser() / "tuning.sqlite"
+
+
+def epilogue_class(spec: GemmSpec) -> str:
+    """'plain' for a bare GEMM (cuBLAS computes the same thing), else the ops plus a digest of the DAG."""
+    if not spec.has_epilogue:
+        return "plain"
+    ops = "+".join(op.op for op in spec.epilogue) or "cast"
+    body = repr((spec.inputs, spec.epilogue, str(spec.out_dtype)))
+    return f"{ops}:{hashlib.blake2b(body.encode(), digest_size=4).hexdigest()}"
+
+
+def problem_fields(spec: GemmSpec, arch: str) -> dict:
+    if not all(isinstance(d, int) for d in (spec.m, spec.n, spec.k)):
+        raise ValueError(f"the tuning DB stores concrete problems; got m={spec.m!r} n={spec.n!r} k={spec.k!r}")
+    return {"m": spec.m, "n": spec.n, "k": spec.k, "batch": spec.batch if isinstance(spec.batch, int) else None,
+            "dtype": str(spec.dtype), "out_dtype": str(spec.out_dtype), "acc_dtype": str(spec.acc_dtype),
+            "a_layout": spec.a_layout, "b_layout": spec.b_layout, "epilogue_class": epilogue_class(spec),
+            "arch": as_arch(arch)}
+
+
+def problem_key(spec: GemmSpec, arch: str) -> str:
+    return json.dumps(problem_fields(spec, arch), sort_keys=True, separators=(",", ":"))
+
+
+def policy_name(gpu_name: Optional[str]) -> str:
+    """The name a policy trained for `gpu_name` is stored under: the GPU's name, or "default" when unknown."""
+    return gpu_name if gpu_name is not None else DEFAULT_POLICY
+
