@@ -1,8 +1,8 @@
-"""Where does a kernel's time go, CTA by CTA? Times each shape's SM90 kernel beside a traced copy of its
-emitted source, and torch.matmul (cuBLAS), in back-to-back CUDA graphs, and prints per-launch timelines.
+"""Where does a kernel's time go, CTA by CTA? Times each shape's SM90 kernel beside a traced copy of it,
+and torch.matmul (cuBLAS), in back-to-back CUDA graphs, and prints per-launch timelines.
 
-The traced copy writes globaltimer stamps per CTA into a device buffer whose address is baked into its
-source: launch (kernel entry), go (griddepcontrol.wait returned: the previous grid is done), mma (the
+The traced copy (the same generated module over an edited copy of the kernel modules, scripts/kernel_edit.py)
+writes globaltimer stamps per CTA into a device buffer whose address is baked into its source: launch (kernel entry), go (griddepcontrol.wait returned: the previous grid is done), mma (the
 first consumer warpgroup's last main loop drained), end (each consumer warpgroup's last store issued; a CTA
 ends with the later), and the SM id. The buffer keeps
 the last TRACE_SLOTS launches. From consecutive launches it reports:
@@ -24,80 +24,100 @@ sets rotated through >= 2x L2, median over repeats (gemmc.bench.timing).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gemmc  # noqa: E402
 from gemmc.bench.policy import parse_schedule  # noqa: E402
 from gemmc.compiled import CompiledKernel  # noqa: E402
+from kernel_edit import edited_kernel, expect, kernel_sources  # noqa: E402
 
 TRACE_MAXCTA = 1024
 TRACE_SLOTS = 8
 FIELDS = ("launch", "go", "end", "smid", "mma", "end1")
 TRACE_LEN = TRACE_MAXCTA * (1 + TRACE_SLOTS * len(FIELDS))
 
-_HEAD = "    warp_group_idx = cute.arch.make_warp_uniform(tidx // 128)\n"
-_WAIT = "        cute.arch.griddepcontrol_wait()\n"
-_MMA_DONE = "            warpgroup.wait_group(0)\n"
-_TAIL = "        store_pipeline.producer_tail()\n"
+# anchors: gemm.py's kernel (its entry, the grid-dependency wait), consumer.py (the main loop drained, the
+# consumer loop's start and its last store)
+_HEAD = "        warp_group_idx = cute.arch.make_warp_uniform(tidx // 128)\n"
+_WAIT = "            cute.arch.griddepcontrol_wait()\n"
+_MMA_DONE = "        warpgroup.wait_group(0)\n"
+_CONSUME = "        consumer_tidx, warp_idx, warp_group_idx, consumer_wg = thread\n"
+_TAIL = "\n        store_pipeline.producer_tail()\n"
 
 
-def _slot(field: str) -> str:
-    return (f"_tr[TRACE_MAXCTA + ((_n % TRACE_SLOTS) * TRACE_MAXCTA + _bid) * {len(FIELDS)} + "
+def _slot(field: str, n: str = "_n") -> str:
+    return (f"_tr[TRACE_MAXCTA + (({n} % TRACE_SLOTS) * TRACE_MAXCTA + _bid) * {len(FIELDS)} + "
             f"{FIELDS.index(field)}]")
 
 
-def edit_source(source: str, address: int) -> str:
-    """The emitted SM90 kernel source with the stamps (module docstring) written to `address`."""
-    for anchor, want, what in ((_HEAD, 1, "the warpgroup index"), (_WAIT, 1, "the grid-dependency wait"),
-                               (_MMA_DONE, 1, "the consumer's drained main loop"), (_TAIL, None, "the last store")):
-        found = source.count(anchor)
-        if (want is None and found == 0) or (want is not None and found != want):
-            raise ValueError(f"{what}: found {found} in the emitted source, expected {want or 'some'} "
-                             "(the SM90 kernel template changed; update scripts/cta_trace.py)")
-    if "PDL = True" not in source:
-        raise ValueError("the stamps key launches on the grid-dependency wait: trace kernels with pdl on")
-    consts = (f"TRACE_ADDR = {address}\nTRACE_MAXCTA = {TRACE_MAXCTA}\nTRACE_SLOTS = {TRACE_SLOTS}\n"
-              f"TRACE_LEN = {TRACE_LEN}\n")
-    out = source.replace("\nEPI_STAGES = ", "\n" + consts + "EPI_STAGES = ", 1)
-    out = out.replace(_HEAD, _HEAD + (
-        "    _tr = cute.make_tensor(cute.make_ptr(cutlass.Int64, TRACE_ADDR, cute.AddressSpace.gmem, "
-        "assumed_align=8), cute.make_layout(TRACE_LEN))\n"
-        "    _bx, _by, _bz = cute.arch.block_idx()\n"
-        "    _gx, _gy, _gz = cute.arch.grid_dim()\n"
-        "    _bid = _bx + _by * _gx + _bz * _gx * _gy\n"
-        "    _t_launch = cutlass.Int64(cute.arch.globaltimer())\n"
-        "    _n = cutlass.Int64(0)\n"), 1)
-    # the launch count is read after the wait (the previous grid has bumped it) and bumped at the very end;
-    # an idle producer warp stamps, so the TMA issuer never waits on the load
-    out = out.replace(_WAIT, _WAIT + (
+def _buffer(indent: str) -> str:
+    """Lines binding _tr (the trace buffer) and _bid (this CTA's linear index)."""
+    return "".join(indent + line + "\n" for line in (
+        "_tr = cute.make_tensor(cute.make_ptr(cutlass.Int64, TRACE_ADDR, cute.AddressSpace.gmem, "
+        "assumed_align=8), cute.make_layout(TRACE_LEN))",
+        "_bx, _by, _bz = cute.arch.block_idx()",
+        "_gx, _gy, _gz = cute.arch.grid_dim()",
+        "_bid = _bx + _by * _gx + _bz * _gx * _gy"))
+
+
+def _insert_after(text: str, anchor: str, lines: str, last: bool = False) -> str:
+    i = (text.rindex(anchor) if last else text.index(anchor)) + len(anchor)
+    return text[:i] + lines + text[i:]
+
+
+def edit_modules(address: int, sources: Optional[dict] = None) -> dict:
+    """The SM90 kernel modules' source (`sources`, default gemmc's) with the stamps (module docstring)
+    written to `address`."""
+    out = dict(sources or kernel_sources())
+    gemm, consumer = out["gemm"], out["consumer"]
+    for text, anchor, want, what in ((gemm, _HEAD, 1, "the warpgroup index"),
+                                     (gemm, _WAIT, 1, "the grid-dependency wait"),
+                                     (consumer, _MMA_DONE, 1, "the consumer's drained main loop"),
+                                     (consumer, _CONSUME, 1, "the consumer loop's start"),
+                                     (consumer, _TAIL, None, "the last store")):
+        expect(text.count(anchor), want, what, "cta_trace.py")
+    consts = (f"\n\n# scripts/cta_trace.py: the trace buffer\nTRACE_ADDR = {address}\nTRACE_MAXCTA = {TRACE_MAXCTA}\n"
+              f"TRACE_SLOTS = {TRACE_SLOTS}\nTRACE_LEN = {TRACE_LEN}\n")
+    gemm = _insert_after(gemm, _HEAD, _buffer(" " * 8) + "        _t_launch = cutlass.Int64(cute.arch.globaltimer())\n")
+    # an idle producer warp stamps, so the TMA issuer never waits on the launch count's load
+    gemm = _insert_after(gemm, _WAIT, (
+        "            if tidx == 32:\n"
+        "                _n = _tr[_bid]\n"
+        f"                {_slot('launch')} = _t_launch\n"
+        f"                {_slot('go')} = cutlass.Int64(cute.arch.globaltimer())\n"
+        f"                {_slot('smid')} = cutlass.Int64(cute.arch.smid())\n"))
+    consumer = _insert_after(consumer, _MMA_DONE, (
+        "        if cute.arch.thread_idx()[0] == 128:\n" + _buffer(" " * 12) +
+        f"            {_slot('mma', n='_tr[_bid]')} = cutlass.Int64(cute.arch.globaltimer())\n"))
+    # the launch count is read after the grid wait (the previous grid has bumped it) and bumped at the very end
+    consumer = _insert_after(consumer, _CONSUME, _buffer(" " * 8) + (
         "        _n = _tr[_bid]\n"
-        "        if tidx == 32:\n"
-        f"            {_slot('launch')} = _t_launch\n"
-        f"            {_slot('go')} = cutlass.Int64(cute.arch.globaltimer())\n"
-        f"            {_slot('smid')} = cutlass.Int64(cute.arch.smid())\n"), 1)
-    out = out.replace(_MMA_DONE, _MMA_DONE + (
-        "            if tidx == 128:\n"
-        f"                {_slot('mma')} = cutlass.Int64(cute.arch.globaltimer())\n"), 1)
-    i = out.rindex(_TAIL) + len(_TAIL)
+        "        _tidx = cute.arch.thread_idx()[0]\n"))
     # each consumer warpgroup stamps its own end: under ping-pong the second one may finish last
-    return out[:i] + (
-        "        if tidx == 128:\n"
+    consumer = _insert_after(consumer, _TAIL, (
+        "        if _tidx == 128:\n"
         f"            {_slot('end')} = cutlass.Int64(cute.arch.globaltimer())\n"
         "            _tr[_bid] = _n + 1\n"
-        "        if tidx == 256:\n"
-        f"            {_slot('end1')} = cutlass.Int64(cute.arch.globaltimer())\n") + out[i:]
+        "        if _tidx == 256:\n"
+        f"            {_slot('end1')} = cutlass.Int64(cute.arch.globaltimer())\n"), last=True)
+    out["gemm"], out["consumer"] = gemm + consts, consumer + consts
+    return out
 
 
 def traced(kernel, address: int) -> CompiledKernel:
-    return CompiledKernel(dataclasses.replace(kernel.emitted, source=edit_source(kernel.emitted.source, address)))
+    """`kernel` (SM90, pdl on) built over the stamped kernel modules."""
+    if "\nPDL = True" not in kernel.emitted.source:
+        raise ValueError("the stamps key launches on the grid-dependency wait: trace kernels with pdl on")
+    return edited_kernel(kernel, edit_modules(address), "cta_trace.py")
 
 
 def launches_of(buf) -> list:

@@ -1,5 +1,6 @@
 """How far is a kernel from its own floors? Times each shape's SM90 kernel beside two diagnostic variants
-of its emitted source, and torch.matmul (cuBLAS), interleaved in one process:
+of it, and torch.matmul (cuBLAS), interleaved in one process. A variant is the same generated module built
+over an edited copy of the kernel modules (scripts/kernel_edit.py):
 
   stream : the WGMMA loop removed; TMA ring, barriers, scheduler and epilogue store kept. Its time is
            the kernel's streaming floor (launch + loads + store), what no change to the math can beat.
@@ -18,7 +19,6 @@ sets rotated through >= 2x L2, median over repeats (gemmc.bench.timing).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -26,37 +26,39 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gemmc  # noqa: E402
 from gemmc.bench.policy import parse_schedule  # noqa: E402
-from gemmc.compiled import CompiledKernel  # noqa: E402
+from kernel_edit import edited_kernel, expect, kernel_sources  # noqa: E402
 
 VARIANTS = ("stream", "mma")
 _MMA_LOOP = re.compile(r"\n *for kb in cutlass\.range_constexpr\(num_k_blocks\):\n *cute\.gemm\([^\n]*\n[^\n]*accumulators\)")
+_PRODUCER_LOOP = "for kt in range(work.k_count):"
+_STAGE_WAIT = "ab_pipeline.consumer_wait(read_state)"
+_STAGE_RELEASE = "ab_pipeline.consumer_release(release_state)"
 
 
-def edit_source(source: str, variant: str) -> str:
-    """The emitted SM90 kernel source with the variant's part removed (module docstring)."""
+def edit_modules(variant: str, sources: Optional[dict] = None) -> dict:
+    """The SM90 kernel modules' source (`sources`, default gemmc's) with the variant's part removed (module
+    docstring)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r}: use one of {VARIANTS}")
+    out = dict(sources or kernel_sources())
     if variant == "stream":
-        out, n = _MMA_LOOP.subn("", source)
-        _expect(n, 1, "the WGMMA loop")
+        out["consumer"], n = _MMA_LOOP.subn("", out["consumer"])
+        expect(n, 1, "the WGMMA loop", "gpu_floor.py")
         return out
-    if variant == "mma":
-        _expect(source.count("for kt in range(k_count):"), 2, "the producer and consumer k-loops")
-        _expect(source.count("ab_pipeline.consumer_wait(read_state)"), 1, "the consumer's stage wait")
-        _expect(source.count("ab_pipeline.consumer_release(release_state)"), 2, "the consumer's stage releases")
-        out = source.replace("for kt in range(k_count):", "for kt in range(0):", 1)   # the producer's loop
-        return (out.replace("ab_pipeline.consumer_wait(read_state)", "pass")
-                .replace("ab_pipeline.consumer_release(release_state)", "pass"))
-    raise ValueError(f"variant {variant!r}: use one of {VARIANTS}")
-
-
-def _expect(found: int, want: int, what: str) -> None:
-    if found != want:
-        raise ValueError(f"{what}: found {found} in the emitted source, expected {want} "
-                         "(the SM90 kernel template changed; update scripts/gpu_floor.py)")
+    producer, consumer = out["producer"], out["consumer"]
+    expect(producer.count(_PRODUCER_LOOP), 1, "the producer's k-loop", "gpu_floor.py")
+    expect(consumer.count(_STAGE_WAIT), 1, "the consumer's stage wait", "gpu_floor.py")
+    expect(consumer.count(_STAGE_RELEASE), 2, "the consumer's stage releases", "gpu_floor.py")
+    out["producer"] = producer.replace(_PRODUCER_LOOP, "for kt in range(0):")
+    out["consumer"] = consumer.replace(_STAGE_WAIT, "pass").replace(_STAGE_RELEASE, "pass")
+    return out
 
 
 def kernels(name: str) -> dict:
@@ -66,7 +68,7 @@ def kernels(name: str) -> dict:
         raise SystemExit(f"{name}: the floors are for SM90 kernels")
     out = {"kernel": k}
     for v in VARIANTS:
-        out[v] = CompiledKernel(dataclasses.replace(k.emitted, source=edit_source(k.emitted.source, v)))
+        out[v] = edited_kernel(k, edit_modules(v), "gpu_floor.py")
     return out
 
 

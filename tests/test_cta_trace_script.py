@@ -1,5 +1,6 @@
-"""scripts/cta_trace.py: its stamps go into every SM90 kernel form, the timeline arithmetic, and (GPU) the
-traced kernel computes the same product and records one stamp set per CTA and launch."""
+"""scripts/cta_trace.py: its stamps go into the SM90 kernel modules and every kernel form builds with them,
+the timeline arithmetic, and (GPU) the traced kernel computes the same product and records one stamp set per
+CTA and launch."""
 import numpy as np
 import pytest
 from script_support import load_script
@@ -19,10 +20,10 @@ def _kernel(name, **kw):
 
 
 def _k_loops(src):
-    """The bodies of the producer's and consumer's k-loops: the lines indented under `for kt in range(k_count):`."""
+    """The bodies of the k-loops (`for kt in range(...)`): the lines indented under them."""
     lines, out = src.splitlines(), []
     for i, ln in enumerate(lines):
-        if ln.strip() == "for kt in range(k_count):":
+        if ln.strip().startswith("for kt in range("):
             depth, body = len(ln) - len(ln.lstrip()), []
             for nxt in lines[i + 1:]:
                 if nxt.strip() and len(nxt) - len(nxt.lstrip()) <= depth:
@@ -32,26 +33,40 @@ def _k_loops(src):
     return out
 
 
-@pytest.mark.parametrize("name", FORMS)
-def test_the_stamps_leave_the_k_loops_and_the_tma_issuer_alone(name):
-    src = _kernel(name).emitted.source
-    out = cta_trace.edit_source(src, 0x7F0000001000)
-    assert f"TRACE_ADDR = {0x7F0000001000}" in out
+def test_the_stamps_leave_the_k_loops_and_the_tma_issuer_alone():
+    src = cta_trace.kernel_sources()
+    out = cta_trace.edit_modules(0x7F0000001000)
+    assert {n for n in src if out[n] != src[n]} == {"gemm", "consumer"}
+    edited = out["gemm"] + out["consumer"]
+    assert f"TRACE_ADDR = {0x7F0000001000}" in out["gemm"] and f"TRACE_ADDR = {0x7F0000001000}" in out["consumer"]
     for field in cta_trace.FIELDS:
-        assert cta_trace._slot(field) in out
+        assert cta_trace._slot(field) in edited or cta_trace._slot(field, n="_tr[_bid]") in edited
     # every added line is a stamp; the k-loops are byte-identical
-    assert _k_loops(out) == _k_loops(src) and len(_k_loops(src)) >= 2
-    added = [ln for ln in out.splitlines() if ln not in set(src.splitlines())]
+    for name in ("producer", "consumer"):
+        assert _k_loops(out[name]) == _k_loops(src[name]) and _k_loops(src[name])
+    added = [ln for n in ("gemm", "consumer") for ln in out[n].splitlines() if ln not in set(src[n].splitlines())]
     assert all(("_tr" in ln or "_n" in ln or "_b" in ln or "_g" in ln or "_t_launch" in ln or "TRACE" in ln
-                or ln.strip().startswith("if tidx ==")) for ln in added), added
+                or "_tidx" in ln or ln.strip().startswith("if ") or not ln.strip()) for ln in added), added
     assert "if tidx == 0:" not in "\n".join(added)       # warp 0 issues the TMA loads: never stalled
+    for module, text in out.items():
+        compile(text, module, "exec")
 
 
-def test_edit_source_refuses_a_kernel_it_cannot_key():
+@pytest.mark.parametrize("name", FORMS)
+def test_every_kernel_form_builds_traced(name):
+    k = _kernel(name)
+    traced = cta_trace.traced(k, 0x7F0000001000)
+    assert "from gemmc_kernel_edit_" in traced.source
+    traced.build()          # the DSL compiles the stamped modules (CPU: to PTX and a .so)
+
+
+def test_edit_modules_refuses_a_kernel_it_cannot_key():
     with pytest.raises(ValueError, match="pdl on"):
-        cta_trace.edit_source(_kernel(FORMS[0], pdl=False).emitted.source, 1 << 40)
+        cta_trace.traced(_kernel(FORMS[0], pdl=False), 1 << 40)
+    sources = cta_trace.kernel_sources()
+    sources["gemm"] = sources["gemm"].replace("griddepcontrol_wait()", "pass")
     with pytest.raises(ValueError, match="grid-dependency wait"):
-        cta_trace.edit_source(_kernel(FORMS[0]).emitted.source.replace("griddepcontrol_wait()", "pass"), 1 << 40)
+        cta_trace.edit_modules(1 << 40, sources)
 
 
 def test_the_timeline_of_two_recorded_launches():
