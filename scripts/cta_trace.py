@@ -88,19 +88,22 @@ def edit_modules(address: int, sources: Optional[dict] = None) -> dict:
     consts = (f"\n\n# scripts/cta_trace.py: the trace buffer\nTRACE_ADDR = {address}\nTRACE_MAXCTA = {TRACE_MAXCTA}\n"
               f"TRACE_SLOTS = {TRACE_SLOTS}\nTRACE_LEN = {TRACE_LEN}\n")
     gemm = _insert_after(gemm, _HEAD, _buffer(" " * 8) + "        _t_launch = cutlass.Int64(cute.arch.globaltimer())\n")
-    # an idle producer warp stamps, so the TMA issuer never waits on the launch count's load
+    # every thread reads the launch count after the grid wait (the previous grid has bumped it), before any
+    # warpgroup can finish and bump it; the consumers take it from the kernel object (a trace-time value).
+    # An idle producer warp stamps, so the TMA issuer never waits on it.
     gemm = _insert_after(gemm, _WAIT, (
+        "            _n = _tr[_bid]\n"
+        "            self._trace_n = _n\n"
         "            if tidx == 32:\n"
-        "                _n = _tr[_bid]\n"
         f"                {_slot('launch')} = _t_launch\n"
         f"                {_slot('go')} = cutlass.Int64(cute.arch.globaltimer())\n"
         f"                {_slot('smid')} = cutlass.Int64(cute.arch.smid())\n"))
     consumer = _insert_after(consumer, _MMA_DONE, (
         "        if cute.arch.thread_idx()[0] == 128:\n" + _buffer(" " * 12) +
         f"            {_slot('mma', n='_tr[_bid]')} = cutlass.Int64(cute.arch.globaltimer())\n"))
-    # the launch count is read after the grid wait (the previous grid has bumped it) and bumped at the very end
+    # the launch count is bumped at the very end, by the first consumer warpgroup
     consumer = _insert_after(consumer, _CONSUME, _buffer(" " * 8) + (
-        "        _n = _tr[_bid]\n"
+        "        _n = self._trace_n\n"
         "        _tidx = cute.arch.thread_idx()[0]\n"))
     # each consumer warpgroup stamps its own end: under ping-pong the second one may finish last
     consumer = _insert_after(consumer, _TAIL, (
