@@ -225,7 +225,7 @@ def test_split_k_fixup_replays_in_a_cuda_graph():
     is right, and the capture zeroed one set of counters, once (not one per call)."""
     import torch
     from gemmc.reference import checked_error
-    from gemmc.runtime import SEMAPHORES, _capture_id
+    from gemmc.runtime.scratch import SEMAPHORES, _capture_id
     spec = gemmc.GemmSpec(m="M", n=4096, k=8192)
     k = gemmc.compile(spec, schedule=gemmc.Schedule(tile=(128, 128, 64), split_k=2))
     a = [torch.randn(m, 8192, device="cuda", dtype=torch.bfloat16) for m in (128, 300, 128)]

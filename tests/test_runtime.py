@@ -331,6 +331,8 @@ def test_so_failing_its_hash_is_never_loaded(tmp_path):
 
 def test_runtime_modules_do_not_import_cutlass():
     code = ("import sys, gemmc, gemmc.runtime, gemmc.cache, gemmc.compiled, gemmc.build; "
+            "import gemmc.runtime.launcher, gemmc.runtime.checks, gemmc.runtime.signature; "
+            "import gemmc.runtime.scratch, gemmc.runtime.load, gemmc.runtime.gpu; "
             "import torch, tvm_ffi; "
             "bad = [m for m in sys.modules if m == 'cutlass' or m.startswith('cutlass.')]; "
             "assert not bad, bad")
@@ -374,13 +376,14 @@ def test_batched_kernel_shares_an_unbatched_vector_without_copying(always_valida
 
 
 def test_workspace_pool_keeps_a_bounded_number_of_streams(monkeypatch):
-    import gemmc.runtime as rt
+    import gemmc.runtime.launcher as launcher
+    import gemmc.runtime.scratch as scratch
     k, _ = cpu_launcher(GEMM_PARAMS)
-    pool = rt.WorkspacePool()
-    monkeypatch.setattr(rt, "WORKSPACES", pool)
+    pool = scratch.WorkspacePool()
+    monkeypatch.setattr(launcher, "WORKSPACES", pool)
     streams = iter(range(100))
-    monkeypatch.setattr(rt, "_current_raw_stream", lambda device: next(streams))
-    monkeypatch.setattr(rt, "_WORKSPACE_STREAMS_KEPT", 3)
+    monkeypatch.setattr(scratch, "_current_raw_stream", lambda device: next(streams))
+    monkeypatch.setattr(scratch, "_WORKSPACE_STREAMS_KEPT", 3)
     dev = torch.device("cpu")
     bufs = [k.workspace(4, 64, dev) for _ in range(10)]
     assert len(pool.buffers) == 3                     # one new stream per call: only 3 kept
@@ -388,10 +391,11 @@ def test_workspace_pool_keeps_a_bounded_number_of_streams(monkeypatch):
 
 
 def test_workspace_pool_is_shared_by_launchers_and_grows_geometrically(monkeypatch):
-    import gemmc.runtime as rt
-    pool = rt.WorkspacePool()
-    monkeypatch.setattr(rt, "WORKSPACES", pool)
-    monkeypatch.setattr(rt, "_current_raw_stream", lambda device: 7)
+    import gemmc.runtime.launcher as launcher
+    import gemmc.runtime.scratch as scratch
+    pool = scratch.WorkspacePool()
+    monkeypatch.setattr(launcher, "WORKSPACES", pool)
+    monkeypatch.setattr(scratch, "_current_raw_stream", lambda device: 7)
     dev = torch.device("cpu")
     k1, _ = cpu_launcher(GEMM_PARAMS)
     k2, _ = cpu_launcher(GEMM_PARAMS)
@@ -404,10 +408,10 @@ def test_workspace_pool_is_shared_by_launchers_and_grows_geometrically(monkeypat
     assert k1.workspace(4, 120, dev).data_ptr() == w3.data_ptr()
 
 def test_workspace_pool_reuses_views_and_bounds_them(monkeypatch):
-    import gemmc.runtime as rt
-    pool = rt.WorkspacePool()
-    monkeypatch.setattr(rt, "_current_raw_stream", lambda device: 7)
-    monkeypatch.setattr(rt, "_WORKSPACE_VIEWS_KEPT", 4)
+    import gemmc.runtime.scratch as scratch
+    pool = scratch.WorkspacePool()
+    monkeypatch.setattr(scratch, "_current_raw_stream", lambda device: 7)
+    monkeypatch.setattr(scratch, "_WORKSPACE_VIEWS_KEPT", 4)
     dev = torch.device("cpu")
     first = pool.get(DType.f32, 1000, dev)
     assert pool.get(DType.f32, 1000, dev) is first            # the hot path returns the cached view
@@ -417,31 +421,31 @@ def test_workspace_pool_reuses_views_and_bounds_them(monkeypatch):
 
 
 def test_workspace_pool_gives_a_graph_capture_its_own_scratch(monkeypatch):
-    import gemmc.runtime as rt
-    pool = rt.WorkspacePool()
-    monkeypatch.setattr(rt, "_current_raw_stream", lambda device: 7)
-    monkeypatch.setattr(rt, "_WORKSPACE_STREAMS_KEPT", 1)
+    import gemmc.runtime.scratch as scratch
+    pool = scratch.WorkspacePool()
+    monkeypatch.setattr(scratch, "_current_raw_stream", lambda device: 7)
+    monkeypatch.setattr(scratch, "_WORKSPACE_STREAMS_KEPT", 1)
     dev = torch.device("cpu")
     eager = pool.get(DType.f32, 100, dev)
-    monkeypatch.setattr(rt, "_capturing", lambda device: True)
+    monkeypatch.setattr(scratch, "_capturing", lambda device: True)
     # no zero-fill under capture: it would put a memset of the whole workspace into every replay
-    monkeypatch.setattr(rt, "_zeros", lambda *a: pytest.fail("zero-filled a workspace under capture"))
+    monkeypatch.setattr(scratch, "_zeros", lambda *a: pytest.fail("zero-filled a workspace under capture"))
     captured = pool.get(DType.f32, 100, dev)       # a cached view of the pooled buffer exists for this size
     assert captured.shape == (100,) and captured.data_ptr() != eager.data_ptr()
     assert pool.get(DType.f32, 50, dev).data_ptr() != eager.data_ptr()
     assert list(pool.buffers) == [(dev, 7, DType.f32)] and pool.nbytes() == 100 * 4   # the pool is untouched
-    monkeypatch.setattr(rt, "_capturing", lambda device: False)
+    monkeypatch.setattr(scratch, "_capturing", lambda device: False)
     assert pool.get(DType.f32, 100, dev) is eager
 
 
 def test_workspace_pool_grows_safely_from_many_threads(monkeypatch):
     import sys
     import threading
-    import gemmc.runtime as rt
-    pool = rt.WorkspacePool()
+    import gemmc.runtime.scratch as scratch
+    pool = scratch.WorkspacePool()
     local = threading.local()
-    monkeypatch.setattr(rt, "_current_raw_stream", lambda device: local.stream)
-    monkeypatch.setattr(rt, "_WORKSPACE_STREAMS_KEPT", 2)
+    monkeypatch.setattr(scratch, "_current_raw_stream", lambda device: local.stream)
+    monkeypatch.setattr(scratch, "_WORKSPACE_STREAMS_KEPT", 2)
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)                         # switch threads often: let the race show
     dev = torch.device("cpu")
@@ -473,20 +477,20 @@ def test_sm90_grid_sized_for_another_sm_count_warns_once_per_device(monkeypatch)
     import types
     import warnings
 
-    import gemmc.runtime as rt
+    import gemmc.runtime.gpu as gpu
     from gemmc.errors import PerformanceWarning
     sms = {0: 114, 1: 132}
-    monkeypatch.setattr(rt, "_GRID_CHECKED", set())
+    monkeypatch.setattr(gpu, "_GRID_CHECKED", set())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda i: types.SimpleNamespace(name=f"gpu{i}", multi_processor_count=sms[i]))
-    assert rt.check_persistent_grid("sm_80", 0) is None
+    assert gpu.check_persistent_grid("sm_80", 0) is None
     with pytest.warns(PerformanceWarning, match="132-SM H100 SXM / H200; gpu0 .* has 114 SMs"):
-        assert "second wave" in rt.check_persistent_grid("sm_90a", 0)
+        assert "second wave" in gpu.check_persistent_grid("sm_90a", 0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert rt.check_persistent_grid("sm_90a", 0) is None        # once per device
-        assert rt.check_persistent_grid("sm_90a", 1) is None        # the part the grid was sized for
+        assert gpu.check_persistent_grid("sm_90a", 0) is None        # once per device
+        assert gpu.check_persistent_grid("sm_90a", 1) is None        # the part the grid was sized for
 
 
 SPLITK_PARAMS = GEMM_PARAMS[:4] + (
@@ -496,11 +500,12 @@ SPLITK_PARAMS = GEMM_PARAMS[:4] + (
 
 
 def test_semaphores_come_zeroed_from_a_per_stream_pool(monkeypatch):
-    import gemmc.runtime as rt
-    pool = rt.SemaphorePool()
-    monkeypatch.setattr(rt, "SEMAPHORES", pool)
+    import gemmc.runtime.launcher as launcher
+    import gemmc.runtime.scratch as scratch
+    pool = scratch.SemaphorePool()
+    monkeypatch.setattr(launcher, "SEMAPHORES", pool)
     stream = {"s": 7}
-    monkeypatch.setattr(rt, "_current_raw_stream", lambda device: stream["s"])
+    monkeypatch.setattr(scratch, "_current_raw_stream", lambda device: stream["s"])
     k, rec = cpu_launcher(SPLITK_PARAMS)
     a, b, bias = torch.randn(300, 64).bfloat16(), torch.randn(32, 64).bfloat16(), torch.randn(32)
     k(a, b, bias, 1.0)
@@ -516,14 +521,14 @@ def test_semaphores_come_zeroed_from_a_per_stream_pool(monkeypatch):
 
 
 def test_semaphores_under_capture_are_zeroed_once_per_capture(monkeypatch):
-    import gemmc.runtime as rt
-    pool = rt.SemaphorePool()
+    import gemmc.runtime.scratch as scratch
+    pool = scratch.SemaphorePool()
     dev = torch.device("cpu")
-    monkeypatch.setattr(rt, "_current_raw_stream", lambda device: 7)
+    monkeypatch.setattr(scratch, "_current_raw_stream", lambda device: 7)
     eager = pool.get(10, dev)
-    monkeypatch.setattr(rt, "_capturing", lambda device: True)
+    monkeypatch.setattr(scratch, "_capturing", lambda device: True)
     capture = {"id": 1}
-    monkeypatch.setattr(rt, "_capture_id", lambda stream: capture["id"])
+    monkeypatch.setattr(scratch, "_capture_id", lambda stream: capture["id"])
     first = pool.get(10, dev)
     assert first.data_ptr() != eager.data_ptr() and not first.any()    # the graph's own, never the eager pool's
     assert pool.get(200, dev) is first                                  # one zeroing per capture
@@ -532,24 +537,24 @@ def test_semaphores_under_capture_are_zeroed_once_per_capture(monkeypatch):
     assert pool.captured[(dev, 7, 1)] == [first, grown]                 # both held until the capture is old
     capture["id"] = 2
     assert pool.get(10, dev) is not grown                               # a new capture zeroes its own
-    monkeypatch.setattr(rt, "_CAPTURES_KEPT", 1)
+    monkeypatch.setattr(scratch, "_CAPTURES_KEPT", 1)
     capture["id"] = 3
     pool.get(10, dev)
     assert list(pool.captured) == [(dev, 7, 3)]
     capture["id"] = None                       # the capture id cannot be read: fresh counters for every launch
     assert pool.get(10, dev) is not pool.get(10, dev)
-    monkeypatch.setattr(rt, "_capturing", lambda device: False)
+    monkeypatch.setattr(scratch, "_capturing", lambda device: False)
     assert pool.get(10, dev) is eager
 
 
 def test_capture_id_is_none_without_a_driver_or_a_capture():
-    import gemmc.runtime as rt
-    assert rt._capture_id(0) is None        # CPU CI: no libcuda; a GPU host: stream 0 is not capturing
+    import gemmc.runtime.scratch as scratch
+    assert scratch._capture_id(0) is None        # CPU CI: no libcuda; a GPU host: stream 0 is not capturing
 
 
 def test_split_k_scratch_past_a_32_bit_index_is_refused_before_launch(monkeypatch):
-    import gemmc.runtime as rt
-    monkeypatch.setattr(rt, "_MAX_SCRATCH_ELEMS", 1000)
+    import gemmc.runtime.launcher as launcher
+    monkeypatch.setattr(launcher, "_MAX_SCRATCH_ELEMS", 1000)
     k, rec = cpu_launcher(SPLITK_PARAMS)
     a, b, bias = torch.randn(40, 64).bfloat16(), torch.randn(16, 64).bfloat16(), torch.randn(16)
     with pytest.raises(LaunchError, match="needs 1280 elements.*fewer splits"):

@@ -1,0 +1,111 @@
+"""What a call's tensor arguments must be, planned once per kernel param (TensorCheck), and those rules run
+in Python for a function with no TVM-FFI prologue of its own (python_prologue)."""
+from __future__ import annotations
+
+import operator
+from typing import Callable, Sequence
+
+from ..alignment import ALIGN_BYTES as _ALIGN_BYTES, alignment_elems
+from ..backends import Param
+from ..errors import LaunchError
+from ..types import DType
+
+
+def unit_dims(shape) -> tuple[int, ...]:
+    """The dims of `shape` declared as a static 1."""
+    return tuple(d for d, v in enumerate(shape) if not isinstance(v, str) and v == 1)
+
+
+def is_batched(params: Sequence[Param]) -> bool:
+    """Does the kernel carry a batch dim (a rank-3 output), whatever the dim is called or however big?"""
+    return any(p.kind == "tensor" and p.role == "out" and len(p.shape) == 3 for p in params)
+
+
+class TensorCheck:
+    """Everything needed to check one tensor argument, computed once."""
+    __slots__ = ("name", "index", "torch_dtype", "dtype", "rank", "contig", "static", "named",
+                 "align_elems", "shape_text", "sym_dims", "vector", "is_out")
+
+    def __init__(self, p: Param, index: int, batched: bool = False):
+        import torch
+        self.name = p.name
+        self.index = index
+        self.is_out = p.role == "out"
+        self.dtype = p.dtype
+        self.torch_dtype = {DType.bf16: torch.bfloat16, DType.f16: torch.float16,
+                            DType.f32: torch.float32}.get(p.dtype)
+        if self.torch_dtype is None:
+            raise LaunchError(f"{p.name}: dtype {p.dtype} has no runtime support yet")
+        self.rank = len(p.shape)
+        self.contig = p.contiguous % self.rank if self.rank else 0
+        self.static = tuple((i, int(d)) for i, d in enumerate(p.shape) if not isinstance(d, str))
+        self.named = tuple((i, d) for i, d in enumerate(p.shape) if isinstance(d, str))
+        self.sym_dims = tuple(i for i, _ in self.named)
+        self.align_elems = alignment_elems(p.dtype)
+        self.shape_text = "(" + ", ".join(str(d) for d in p.shape) + ")"
+        # epilogue vectors ((N,), (M,); (L, N), (L, M) in a batched kernel, whatever its batch dim) are read
+        # element-wise: their length need not be a multiple of 16 bytes
+        self.vector = p.role == "input" and (self.rank == 1 or (batched and self.rank == 2))
+
+
+def python_prologue(params: Sequence[Param], device_type: str = "cuda") -> Callable:
+    """What a compiled function's TVM-FFI prologue checks before it launches (type, device, dtype, rank, static
+    dims, one extent per named dim, the stride-1 dim, 16-byte strides and data pointer), in Python: for a
+    function with no prologue of its own (the cuBLAS route, gemmc.compiler.CublasRoute). Call it with the
+    values in param order; an output given as None (to be allocated) is skipped. It raises TypeError /
+    ValueError as the prologue does, so the Launcher's validator can then say what to change; the rules are
+    the validator's (Launcher._check_tensor), without building messages on the way. One difference, kept off the
+    fast path: an empty tensor's strides are checked here and not by the validator, so the cuBLAS route sends
+    what this rejects and the validator passes (an empty problem) on to torch.matmul."""
+    import torch
+    batched = is_batched(params)
+    checks = []
+    for i, p in enumerate(params):
+        if p.kind != "tensor":
+            continue
+        c = TensorCheck(p, i, batched)
+        static_shape = tuple(p.shape) if not c.named else None     # all static: one comparison
+        loose_extent = c.contig in c.sym_dims and not c.vector      # its extent must be 16-byte aligned
+        checks.append((c, static_shape, loose_extent, tuple(d for d in range(c.rank) if d != c.contig)))
+    checks = tuple(checks)
+    tensor_type = torch.Tensor
+    on_device = operator.attrgetter(f"is_{device_type}")       # t.device.type costs ~0.5 us
+
+    def prologue(*values):
+        device = None
+        sizes: dict = {}
+        for c, static_shape, loose_extent, strided in checks:
+            t = values[c.index]
+            if t is None and c.is_out:
+                continue
+            if not isinstance(t, tensor_type) or t.dtype is not c.torch_dtype or t.dim() != c.rank:
+                raise TypeError(f"argument #{c.index} ({c.name}): expected a {c.dtype} tensor of shape "
+                                f"{c.shape_text}")
+            if device is None:
+                device = t.device
+                if not on_device(t):
+                    raise ValueError(f"argument #{c.index} ({c.name}): expected a {device_type} tensor")
+            elif t.device != device:
+                raise ValueError(f"argument #{c.index} ({c.name}): on another device than the others")
+            shape = t.shape
+            if static_shape is not None:
+                if shape != static_shape:
+                    raise ValueError(f"argument #{c.index} ({c.name}): expected shape {c.shape_text}")
+            else:
+                for d, v in c.static:
+                    if shape[d] != v:
+                        raise ValueError(f"argument #{c.index} ({c.name}): shape[{d}] must be {v}")
+                for d, dim in c.named:
+                    if sizes.setdefault(dim, shape[d]) != shape[d]:
+                        raise ValueError(f"argument #{c.index} ({c.name}): {dim} disagrees with the other "
+                                         "arguments")
+            stride = t.stride()
+            k, a = c.contig, c.align_elems
+            if (stride[k] != 1 and shape[k] != 1) or (loose_extent and shape[k] % a) or t.data_ptr() % _ALIGN_BYTES:
+                raise ValueError(f"argument #{c.index} ({c.name}): strides {stride} or data pointer not aligned")
+            for d in strided:
+                if stride[d] % a:
+                    raise ValueError(f"argument #{c.index} ({c.name}): stride({d}) = {stride[d]} is not "
+                                     f"{_ALIGN_BYTES}-byte aligned")
+
+    return prologue
