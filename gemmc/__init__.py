@@ -10,7 +10,7 @@ bf16 = DType.bf16
 f16 = fp16 = DType.f16
 f32 = fp32 = DType.f32
 
-# The DSL (gemmc/dsl.py).
+# The DSL (gemmc/dsl/).
 from .dsl import Kernel, Scalar, Tensor, clamp, gelu, kernel, relu, sigmoid, silu, tanh  # noqa: F401,E402
 
 

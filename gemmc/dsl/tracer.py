@@ -1,0 +1,181 @@
+"""The `Tracer` of one kernel function: it records the matmul and the epilogue ops that traced values ask for,
+checking each (operand kinds, broadcasting, dtypes) as it is recorded."""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Union
+
+from ..spec import Dim, EpilogueOp, Ref
+from ..types import ACC_DTYPES, INPUT_DTYPES, DType
+from .locations import trace_error
+from .parameter_types import TensorType, fmt_shape
+from .values import Value
+
+
+@dataclass
+class Matmul:
+    """The kernel's one matmul, as traced: operand parameters, layouts, dims, dtype and its line."""
+    a: str           # parameter names
+    b: str
+    a_layout: str
+    b_layout: str
+    m: Dim
+    n: Dim
+    k: Dim
+    batch: Dim | None
+    dtype: DType
+    line: str
+
+
+class Tracer:
+    def __init__(self, fn, acc_dtype: DType):
+        self.fn = fn
+        self.acc_dtype = acc_dtype
+        self.params: dict[str, Union[TensorType, str]] = {}   # name -> TensorType | "scalar"
+        self.param_lines: dict[str, str] = {}
+        self.ops: list[EpilogueOp] = []
+        self.mm: Matmul | None = None
+        self.acc_shape: tuple = ()
+        self.epilogue_uses: dict[str, list[tuple[tuple, str]]] = {}  # param -> [(shape used, line)]
+
+    def param_kind(self, name: str) -> str:
+        return "scalar" if self.params[name] == "scalar" else "tensor"
+
+    # -- operands --
+    def _as_operand(self, x, where: str, sym: str):
+        """(Ref, shape, on_acc) for an operand of an elementwise op."""
+        if isinstance(x, Value):
+            if x._tracer is not self:
+                raise trace_error(where, "a value from another traced kernel")
+            if x._ref is not None:
+                return x._ref, x._shape, x._on_acc
+            # a raw parameter entering the epilogue
+            name = x._param
+            if self.mm is not None and name in (self.mm.a, self.mm.b):
+                raise trace_error(where, f"parameter {name} is a matmul operand and cannot also be an epilogue input; "
+                                  "pass it twice as two parameters")
+            if x._transposed:
+                raise trace_error(where, f"transpose of epilogue input {name}: declare it in the (M, N) orientation")
+            self.epilogue_uses.setdefault(name, []).append((x._shape, where))
+            return Ref.input(name), x._shape, False
+        if isinstance(x, bool) or not isinstance(x, numbers.Real):
+            raise trace_error(where, f"operand {x!r} of `{sym}`: use a traced tensor, a gemmc.Scalar parameter or a "
+                              "python number")
+        if not math.isfinite(float(x)):
+            raise trace_error(where, f"constant {x!r} of `{sym}` is not finite")
+        return Ref.const(x), (), False
+
+    def _broadcast(self, sym, lhs, rhs, where, names):
+        ls, rs = lhs, rhs
+        n = max(len(ls), len(rs))
+        lp = (1,) * (n - len(ls)) + tuple(ls)
+        rp = (1,) * (n - len(rs)) + tuple(rs)
+        out = []
+        for dl, dr in zip(lp, rp):
+            if dl == dr or dr == 1:
+                out.append(dl)
+            elif dl == 1:
+                out.append(dr)
+            else:
+                hint = ""
+                if self.acc_shape:
+                    m, nn = self.acc_shape[-2], self.acc_shape[-1]
+                    hint = (f"; the output is {fmt_shape(self.acc_shape)}: a row vector (bias) has shape ({nn},), "
+                            f"a column vector ({m},) is used as `col[:, None]`, a full input is ({m}, {nn})")
+                raise trace_error(where, f"shape mismatch in `{sym}`: {names[0]} {fmt_shape(ls)} and {names[1]} "
+                                  f"{fmt_shape(rs)} do not broadcast ({dl} vs {dr}){hint}")
+        return tuple(out)
+
+    @staticmethod
+    def _describe(x) -> str:
+        if isinstance(x, Value):
+            if x._param is not None and x._ref is None:
+                return x._param
+            if x._ref is not None and x._ref.kind == "input":
+                return x._ref.value
+            return "the accumulator" if x._ref == Ref.acc() else "value"
+        return "constant"
+
+    def _emit(self, op, args, shape, on_acc, where, attrs=()) -> Value:
+        self.ops.append(EpilogueOp(op, tuple(args), tuple(attrs), line=where))
+        return Value(self, Ref.node(len(self.ops) - 1), shape, on_acc=on_acc, line=where)
+
+    def binary(self, op, sym, lhs, rhs, where) -> Value:
+        lr, ls, la = self._as_operand(lhs, where, sym)
+        rr, rs, ra = self._as_operand(rhs, where, sym)
+        shape = self._broadcast(sym, ls, rs, where, (self._describe(lhs), self._describe(rhs)))
+        return self._emit(op, (lr, rr), shape, la or ra, where)
+
+    def unary(self, op, x, where, attrs=()) -> Value:
+        r, s, on_acc = self._as_operand(x, where, op)
+        if r.kind == "const":
+            raise trace_error(where, f"{op} of a python number: compute constants in python")
+        return self._emit(op, (r,), s, on_acc, where, attrs)
+
+    # -- the matmul --
+    def matmul(self, lhs, rhs, where) -> Value:
+        for x in (lhs, rhs):
+            if not isinstance(x, Value):
+                raise trace_error(where, f"matmul with {x!r}: both operands must be tensor parameters")
+            if x._on_acc:
+                raise trace_error(where, "matmul of an epilogue value (a value computed from the matmul result): "
+                                  "gemmc compiles exactly one matmul followed by elementwise ops")
+        if self.mm is not None:
+            raise trace_error(where, f"a second matmul (the first is at {self.mm.line}): a gemmc kernel has exactly "
+                              "one matmul; write two kernels")
+        for x, side in ((lhs, "left"), (rhs, "right")):
+            if x._param is not None and self.param_kind(x._param) == "scalar":
+                raise trace_error(where, f"the {side} matmul operand {x._param} is a scalar; matmul operands are "
+                                  "tensor parameters")
+            if x._param is None or x._ref is not None:
+                raise trace_error(where, f"the {side} matmul operand is an elementwise result, not a tensor parameter: "
+                                  "ops before the matmul (prologue fusion) are not supported")
+            declared = self.params[x._param].shape
+            expected = declared[:-2] + declared[-2:][::-1] if x._transposed else declared
+            if len(declared) < 2 or x._shape != expected:
+                raise trace_error(where, f"matmul operand {x._param} {fmt_shape(x._shape)}: operands are (M, K) / "
+                                  "(K, N) matrices, optionally with a leading batch dim, and not indexed")
+            if x._param in self.epilogue_uses:
+                raise trace_error(where, f"parameter {x._param} is used in the epilogue and as a matmul operand; "
+                                  "pass it twice as two parameters")
+        if lhs._param == rhs._param:
+            raise trace_error(where, f"{lhs._param} is both matmul operands: pass it twice as two parameters")
+        ta, tb = self.params[lhs._param], self.params[rhs._param]
+        if len(lhs._shape) != len(rhs._shape):
+            raise trace_error(where, f"matmul of rank {len(lhs._shape)} {lhs._param} and rank {len(rhs._shape)} "
+                              f"{rhs._param}: both are (M, K)/(K, N) or both batched (L, M, K)/(L, K, N)")
+        batch = None
+        if len(lhs._shape) == 3:
+            if lhs._shape[0] != rhs._shape[0]:
+                raise trace_error(where, f"matmul batch dimension mismatch: {lhs._param} has L={lhs._shape[0]}, "
+                                  f"{rhs._param} has L={rhs._shape[0]}")
+            batch = lhs._shape[0]
+        m, ka = lhs._shape[-2:]
+        kb, n = rhs._shape[-2:]
+        if ka != kb:
+            raise trace_error(where, f"matmul dimension mismatch: K of {lhs._param} {fmt_shape(lhs._shape)} is {ka} "
+                              f"but K of {rhs._param} {fmt_shape(rhs._shape)} is {kb}; declare both with the same K "
+                              "(check for a missing .T)")
+        self._check_dtypes(ta.dtype, tb.dtype, where)
+        self.mm = Matmul(lhs._param, rhs._param, "km" if lhs._transposed else "mk",
+                         "nk" if rhs._transposed else "kn", m, n, ka, batch, ta.dtype, where)
+        self.acc_shape = ((batch,) if batch is not None else ()) + (m, n)
+        return Value(self, Ref.acc(), self.acc_shape, on_acc=True, line=where)
+
+    def _check_dtypes(self, da: DType, db: DType, where):
+        for dt in (da, db):
+            if dt.bits == 8:
+                raise trace_error(where, f"matmul of {dt} (fp8) inputs: fp8 is not supported yet; use bf16 or f16")
+            if dt not in INPUT_DTYPES:
+                raise trace_error(where, f"matmul of {dt} inputs: the tensor-core paths take bf16 or f16; "
+                                  "cast the operands to bf16")
+        if da != db:
+            raise trace_error(where, f"matmul mixes dtypes {da} @ {db}: the hardware has no mixed {da}/{db} MMA; "
+                              "declare both operands with the same dtype")
+        if self.acc_dtype not in ACC_DTYPES:
+            raise trace_error(where, f"accumulator dtype {self.acc_dtype}: use f32 (or f16 with f16 inputs)")
+        if self.acc_dtype == DType.f16 and da != DType.f16:
+            raise trace_error(where, f"f16 accumulation with {da} inputs: the tensor cores have no {da}->f16 MMA; "
+                              "use acc_dtype=gemmc.f32 or f16 inputs")

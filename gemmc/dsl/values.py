@@ -1,0 +1,249 @@
+"""The symbolic tensors a kernel function is traced over (`Value`): the operators that record matmul and
+epilogue ops on their tracer, the ones that raise (control flow, indexing, reductions, torch functions), and
+gemmc.relu/gelu/silu/sigmoid/tanh/clamp, which also run on torch tensors (for reference code)."""
+from __future__ import annotations
+
+from ..errors import SpecError
+from ..spec import Dim
+from ..types import DType, as_dtype
+from .locations import trace_error, user_line
+from .parameter_types import fmt_shape
+
+_REDUCTIONS = ("sum", "mean", "max", "min", "amax", "amin", "prod", "norm", "argmax", "argmin", "std", "var",
+               "logsumexp", "softmax", "log_softmax", "cumsum", "cumprod", "any", "all")
+
+
+class Value:
+    """A symbolic tensor during tracing: a parameter, the accumulator, or an epilogue op's result."""
+
+    __slots__ = ("_tracer", "_ref", "_shape", "_param", "_transposed", "_on_acc", "_line")
+    __array_ufunc__ = None  # numpy scalars defer to our reflected ops (np.float32(2) * acc)
+
+    def __init__(self, tracer, ref, shape, *, param=None, transposed=False, on_acc=False, line=""):
+        self._tracer = tracer
+        self._ref = ref                # Ref once it is usable in the epilogue (None for a raw tensor param)
+        self._shape = tuple(shape)
+        self._param = param            # parameter name when this is a parameter (maybe transposed / indexed)
+        self._transposed = transposed
+        self._on_acc = on_acc          # depends on the matmul result
+        self._line = line
+
+    def __repr__(self) -> str:
+        what = self._param or str(self._ref)
+        return f"<traced {what} {fmt_shape(self._shape)}>"
+
+    @property
+    def shape(self) -> tuple[Dim, ...]:
+        return self._shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    # -- the matmul --
+    def __matmul__(self, other):
+        return self._tracer.matmul(self, other, user_line())
+
+    def __rmatmul__(self, other):
+        return self._tracer.matmul(other, self, user_line())
+
+    @property
+    def T(self):
+        where = user_line()
+        if len(self._shape) == 3:
+            raise trace_error(where, f"`.T` of the batched tensor {self._param or 'value'}: use `.mT` to swap the last "
+                              "two dims")
+        return self._transpose(where, ".T")
+
+    @property
+    def mT(self):
+        return self._transpose(user_line(), ".mT")
+
+    def t(self):
+        return self._transpose(user_line(), ".t()")
+
+    def _transpose(self, where, how):
+        if len(self._shape) == 1:
+            return self
+        if self._param is None or self._tracer.param_kind(self._param) != "tensor" or self._ref is not None:
+            raise trace_error(where, f"transpose `{how}` of an epilogue value: only a matmul operand may be transposed "
+                              "(the output is always M x N, row-major)")
+        shape = self._shape[:-2] + (self._shape[-1], self._shape[-2])
+        return Value(self._tracer, None, shape, param=self._param, transposed=not self._transposed, line=where)
+
+    # -- elementwise arithmetic --
+    def __add__(self, o): return self._tracer.binary("add", "+", self, o, user_line())
+    def __radd__(self, o): return self._tracer.binary("add", "+", o, self, user_line())
+    def __sub__(self, o): return self._tracer.binary("sub", "-", self, o, user_line())
+    def __rsub__(self, o): return self._tracer.binary("sub", "-", o, self, user_line())
+    def __mul__(self, o): return self._tracer.binary("mul", "*", self, o, user_line())
+    def __rmul__(self, o): return self._tracer.binary("mul", "*", o, self, user_line())
+    def __truediv__(self, o): return self._tracer.binary("div", "/", self, o, user_line())
+    def __rtruediv__(self, o): return self._tracer.binary("div", "/", o, self, user_line())
+
+    def __neg__(self):
+        return self._tracer.binary("mul", "-", self, -1.0, user_line())
+
+    def __pos__(self):
+        return self
+
+    def _unsupported_op(self, sym):
+        raise trace_error(user_line(), f"operator `{sym}` is not a supported epilogue op; use + - * /, gemmc.relu, "
+                          "gelu, silu, sigmoid, tanh, clamp or .to(dtype)")
+
+    def __pow__(self, o): self._unsupported_op("**")
+    def __rpow__(self, o): self._unsupported_op("**")
+    def __mod__(self, o): self._unsupported_op("%")
+    def __rmod__(self, o): self._unsupported_op("%")
+    def __floordiv__(self, o): self._unsupported_op("//")
+    def __rfloordiv__(self, o): self._unsupported_op("//")
+    def __abs__(self): self._unsupported_op("abs()")
+    def __and__(self, o): self._unsupported_op("&")
+    def __or__(self, o): self._unsupported_op("|")
+    def __xor__(self, o): self._unsupported_op("^")
+    def __invert__(self): self._unsupported_op("~")
+
+    # -- python control flow cannot be traced --
+    def _control_flow(self, what):
+        raise trace_error(user_line(), f"{what} on a traced value: the kernel is traced once over symbolic tensors, so "
+                          "python control flow cannot depend on tensor values; use gemmc.relu / gemmc.clamp "
+                          "for data-dependent choices")
+
+    def __bool__(self): self._control_flow("bool() (python control flow such as `if x:`)")
+    def __len__(self): self._control_flow("len()")
+    def __iter__(self): self._control_flow("iteration")
+    def __contains__(self, item): self._control_flow("`in`")
+    def __int__(self): self._control_flow("int()")
+    def __float__(self): self._control_flow("float()")
+    def __index__(self): self._control_flow("use as an index")
+
+    def _compare(self, sym, other):
+        self._control_flow(f"comparison `{sym}` (e.g. `if acc {sym} 0:`)")
+
+    def __lt__(self, o): self._compare("<", o)
+    def __le__(self, o): self._compare("<=", o)
+    def __gt__(self, o): self._compare(">", o)
+    def __ge__(self, o): self._compare(">=", o)
+    def __eq__(self, o): self._compare("==", o)
+    def __ne__(self, o): self._compare("!=", o)
+    __hash__ = object.__hash__
+
+    # -- indexing: only `vec[:, None]` / `vec[None, :]` on a rank-1 parameter --
+    def __getitem__(self, key):
+        where = user_line()
+        full = slice(None)
+        is_full = lambda k: isinstance(k, slice) and k == full  # noqa: E731
+        if (self._param is not None and self._ref is None and len(self._shape) == 1 and isinstance(key, tuple)
+                and len(key) == 2 and self._tracer.param_kind(self._param) == "tensor"):
+            if is_full(key[0]) and key[1] is None:
+                return Value(self._tracer, None, (self._shape[0], 1), param=self._param, line=where)
+            if key[0] is None and is_full(key[1]):
+                return Value(self._tracer, None, (1, self._shape[0]), param=self._param, line=where)
+        raise trace_error(where, f"indexing `{self._param or 'value'}[{_fmt_key(key)}]` is not supported: the epilogue "
+                          "is elementwise over the whole tile; the one allowed form is `vec[:, None]` on a rank-1 "
+                          "parameter (a per-row column vector)")
+
+    # -- methods --
+    def to(self, dtype, *args, **kwargs):
+        where = user_line()
+        if args or kwargs:
+            raise trace_error(where, "`.to(...)` takes one dtype argument, e.g. `.to(gemmc.f32)`")
+        try:
+            dt = as_dtype(dtype)
+        except SpecError as e:
+            raise trace_error(where, f"`.to({dtype!r})`: {e}") from None
+        return self._tracer.unary("cast", self, where, (("dtype", dt),))
+
+    def float(self): return self.to(DType.f32)
+    def half(self): return self.to(DType.f16)
+    def bfloat16(self): return self.to(DType.bf16)
+    def relu(self): return relu(self)
+    def sigmoid(self): return sigmoid(self)
+    def tanh(self): return tanh(self)
+    def clamp(self, min=None, max=None): return clamp(self, min=min, max=max)  # noqa: A002
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        where = user_line()
+        if name in _REDUCTIONS:
+            raise trace_error(where, f"reduction `.{name}()` is not supported in a GEMM epilogue: the epilogue is "
+                              "elementwise over each output tile; reduce the result in a separate op")
+        raise trace_error(where, f"`.{name}` is not supported on a traced tensor; the epilogue supports + - * /, "
+                          "gemmc.relu, gelu, silu, sigmoid, tanh, clamp and .to(dtype)")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        raise trace_error(user_line(), f"torch.{name} on a traced tensor: use the gemmc equivalent "
+                          "(gemmc.relu, gelu, silu, sigmoid, tanh, clamp, .to) inside @gemmc.kernel")
+
+
+def _fmt_key(key) -> str:
+    def one(k):
+        if isinstance(k, slice):
+            parts = ["" if x is None else str(x) for x in (k.start, k.stop)]
+            return ":".join(parts) + (f":{k.step}" if k.step is not None else "")
+        return "None" if k is None else ("..." if k is Ellipsis else repr(k))
+    return ", ".join(one(k) for k in key) if isinstance(key, tuple) else one(key)
+
+
+# ---- elementwise functions (also usable on torch tensors, for reference code) ---------------
+
+def _is_value(x) -> bool:
+    return isinstance(x, Value)
+
+
+def relu(x):
+    if _is_value(x):
+        return x._tracer.unary("relu", x, user_line())
+    import torch
+    return torch.relu(x)
+
+
+def gelu(x, approximate: str = "none"):
+    """`approximate="tanh"` (gelu_tanh) or "none" / "erf" (gelu_erf, torch's default)."""
+    if approximate not in ("tanh", "none", "erf"):
+        raise trace_error(user_line(), f"gelu(approximate={approximate!r}): use 'tanh' or 'none' (erf)")
+    op = "gelu_tanh" if approximate == "tanh" else "gelu_erf"
+    if _is_value(x):
+        return x._tracer.unary(op, x, user_line())
+    import torch
+    return torch.nn.functional.gelu(x, approximate="tanh" if op == "gelu_tanh" else "none")
+
+
+def silu(x):
+    if _is_value(x):
+        return x._tracer.unary("silu", x, user_line())
+    import torch
+    return torch.nn.functional.silu(x)
+
+
+def sigmoid(x):
+    if _is_value(x):
+        return x._tracer.unary("sigmoid", x, user_line())
+    import torch
+    return torch.sigmoid(x)
+
+
+def tanh(x):
+    if _is_value(x):
+        return x._tracer.unary("tanh", x, user_line())
+    import torch
+    return torch.tanh(x)
+
+
+def clamp(x, min=None, max=None):  # noqa: A002  (torch's names)
+    if _is_value(x):
+        where = user_line()
+        for label, v in (("min", min), ("max", max)):
+            if v is not None and (isinstance(v, (bool, Value)) or not isinstance(v, (int, float))):
+                raise trace_error(where, f"clamp {label}={v!r}: bounds must be python numbers")
+        if min is None and max is None:
+            raise trace_error(where, "clamp needs min=, max= or both")
+        if min is not None and max is not None and float(min) > float(max):
+            raise trace_error(where, f"clamp min={min} > max={max}")
+        attrs = tuple((k, float(v)) for k, v in (("min", min), ("max", max)) if v is not None)
+        return x._tracer.unary("clamp", x, where, attrs)
+    import torch
+    return torch.clamp(x, min=min, max=max)
