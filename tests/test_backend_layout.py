@@ -7,7 +7,7 @@ from pathlib import Path
 GEMMC = Path(__file__).resolve().parent.parent / "gemmc"
 MAX_LINES = 700
 # over the limit before issue 33 and not split yet: this list may only shrink
-STILL_TOO_LONG = {"dsl.py", "runtime.py"}
+STILL_TOO_LONG: set = set()
 
 
 def test_no_textual_rewrite_of_emitted_code():
