@@ -2,10 +2,10 @@
 and torch.matmul (cuBLAS), in back-to-back CUDA graphs, and prints per-launch timelines.
 
 The traced copy (the same generated module over an edited copy of the kernel modules, scripts/kernel_edit.py)
-writes globaltimer stamps per CTA into a device buffer whose address is baked into its source: launch (kernel entry), go (griddepcontrol.wait returned: the previous grid is done), mma (the
-first consumer warpgroup's last main loop drained), end (each consumer warpgroup's last store issued; a CTA
-ends with the later), and the SM id. The buffer keeps
-the last TRACE_SLOTS launches. From consecutive launches it reports:
+writes globaltimer stamps per CTA into a device buffer whose address is baked into its source: launch (kernel
+entry), go (griddepcontrol.wait returned: the previous grid is done), mma (the first consumer warpgroup's last
+main loop drained), end (each consumer warpgroup's last store issued; a CTA ends with the later), and the SM
+id. The buffer keeps the last TRACE_SLOTS launches. From consecutive launches it reports:
   period  first go to the next launch's first go (the time per call)
   gap     the previous launch's last end to this launch's first go (grid completion + release)
   span    first go to last end;  dur  each CTA's go to end (min / median / max, and their harmonic mean:
