@@ -47,7 +47,17 @@ ARCH_LIMITS = {
     "sm_90a": ArchLimits("sm_90a", 227 * 1024, 65536, 1024, 16, True, 132,
                          max_active_clusters=((1, 132), (2, 66), (4, 30), (8, 15), (16, 7))),
     "sm_80": ArchLimits("sm_80", 163 * 1024, 65536, 1024, 1, False, 108),
+    # targets the SM80 kernel may also be compiled for (never a schedule's arch). sm_86/sm_89 CTAs may opt into
+    # 99 KB of shared memory (CUDA programming guide), so a ring that fits an A100 can fail to launch there;
+    # SM counts: A10 (sm_86) and L40S (sm_89)
+    "sm_86": ArchLimits("sm_86", 99 * 1024, 65536, 1024, 1, False, 72),
+    "sm_89": ArchLimits("sm_89", 99 * 1024, 65536, 1024, 1, False, 142),
 }
+ARCH_LIMITS["sm_90"] = ARCH_LIMITS["sm_90a"]    # the same chip without the arch-specific (wgmma, setmaxnreg) features
+
+# What the SM80 kernel may be compiled for: it uses only sm_80 instructions, so sm_90a/sm_90 build it for an
+# H100/H200 (an sm_80 cubin does not load on Hopper). pipeline-staging records the choice on kernel.pipeline.
+SM80_COMPILE_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_90")
 
 def pdl_trigger_bands(num_sms: int) -> tuple[int, int]:
     """(early, full): an SM90 grid of at most `early` CTAs, or of at least `full`, lets the next kernel launch
@@ -294,6 +304,15 @@ def resolve_stages(s: Schedule, spec: GemmSpec) -> int:
 def smem_bytes(s: Schedule, spec: GemmSpec) -> int:
     return (resolve_stages(s, spec) * ab_stage_bytes(s, spec) + epilogue_smem_bytes(s, spec)
             + BARRIER_RESERVE_BYTES)
+
+
+def sm80_ring_smem_bytes(s: Schedule, spec: GemmSpec) -> int:
+    """Shared memory the SM80 kernel allocates: the A and B rings, each at a 1024-byte boundary (no barrier
+    reserve: cp.async waits on commit groups). Checked against the compile target's limit, which may be
+    below the sm_80 one `smem_bytes` is held to."""
+    bm, bn, bk = s.tile
+    per_row = bk * resolve_stages(s, spec) * spec.dtype.bytes
+    return sum(math.ceil(rows * per_row / 1024) * 1024 for rows in (bm, bn))
 
 
 # ---- the predicate --------------------------------------------------------------------------

@@ -1,4 +1,6 @@
 """The xDSL dialects: print/parse round trips, spec <-> IR, verifiers, plan extraction."""
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -293,6 +295,34 @@ def test_verifier_rejects_pdl_on_sm80():
     assert line in text and "pdl" not in text
     with pytest.raises(VerifyException, match="pdl true needs sm_90a .* the kernel is sm_80: drop `pdl true`"):
         parse_module(text.replace(line, "split_k 1 split_k_mode none pdl true\n", 1))
+
+
+def test_sm80_pipeline_carries_its_ring_and_compile_arch(monkeypatch):
+    """pipeline-staging writes the SM80 ring as allocated and the compile target into kernel.pipeline; both
+    print, parse back into the plan, and are verified. sm_90a pipelines carry neither."""
+    monkeypatch.delenv("GEMMC_SM80_COMPILE_ARCH", raising=False)
+    text = lowered_text(GemmSpec(m=4096, n=4096, k=4096), Schedule(tile=(128, 256, 64), arch="sm_80"))
+    ring = 3 * (128 + 256) * 64 * 2
+    line = f"smem {ring + 1024} ring_smem {ring} compile_arch sm_80\n"
+    assert line in text and print_module(parse_module(text)) == text
+    pipe = plan_from_module(parse_module(text)).pipeline
+    assert (pipe.smem_bytes, pipe.ring_smem_bytes, pipe.compile_arch) == (ring + 1024, ring, "sm_80")
+    for arch in ("sm_86", "sm_90a"):
+        got = plan_from_module(parse_module(text.replace(" compile_arch sm_80", f" compile_arch {arch}")))
+        assert got.pipeline.compile_arch == arch
+    with pytest.raises(VerifyException, match="ring_smem 1000: a whole number of 1024-byte blocks"):
+        parse_module(text.replace(f" ring_smem {ring}", " ring_smem 1000"))
+    with pytest.raises(VerifyException, match="ring_smem -1024: a whole number"):
+        parse_module(text.replace(f" ring_smem {ring}", " ring_smem -1024"))
+    with pytest.raises(VerifyException, match="compile_arch 'sm_75'; use one of"):
+        parse_module(text.replace(" compile_arch sm_80", " compile_arch sm_75"))
+    hopper = lowered_text()
+    assert "ring_smem" not in hopper and "compile_arch" not in hopper
+    assert plan_from_module(parse_module(hopper)).pipeline.compile_arch == ""
+    with pytest.raises(VerifyException, match="compile_arch and ring_smem are SM80 facts, but the kernel is sm_90a"):
+        parse_module(re.sub(r"(kernel.pipeline .* smem \d+)", r"\1 compile_arch sm_80", hopper, count=1))
+    with pytest.raises(VerifyException, match="compile_arch and ring_smem are SM80 facts"):
+        parse_module(re.sub(r"(kernel.pipeline .* smem \d+)", r"\1 ring_smem 1024", hopper, count=1))
 
 
 def test_fact_ops_need_a_kernel_parent():

@@ -5,6 +5,7 @@ from hypothesis import given
 from xdsl.utils.exceptions import DiagnosticException
 
 from gemmc import EpilogueInput, EpilogueOp, GemmSpec, Ref, Schedule, ScheduleError
+from gemmc.errors import BuildError
 from gemmc.ir import make_context, parse_module, print_module
 from gemmc.ir.build import spec_to_module
 from gemmc.ir.extract import plan_from_module
@@ -168,15 +169,28 @@ def test_pipeline_tile_scheduler_launch_follows_the_schedules_pdl():
     assert " pdl" not in text.split("kernel.tile_scheduler")[1].splitlines()[0]
 
 
-def test_pipeline_sm80():
+def test_pipeline_sm80(monkeypatch):
+    monkeypatch.delenv("GEMMC_SM80_COMPILE_ARCH", raising=False)
     s = Schedule(tile=(128, 128, 32), arch="sm_80")
     assert s.pdl    # the default; sm_80 has no griddepcontrol, so the lowering ignores it
     text = run(SQUARE, s, PIPELINE[:3])
+    ring = 5 * (128 + 128) * 32 * 2          # each operand's 5 stages at a 1024 B boundary; no barrier reserve
     check(text, f"""
         kernel.pipeline stages 5 barriers [cp.async.group] epi_stages 0 epi_tile 128x128 smem {smem_bytes(s, SQUARE)}
+        ring_smem {ring} compile_arch sm_80
         kernel.tile_scheduler persistent false raster m swizzle 1 split_k 1 split_k_mode none
     """)
     assert "pdl" not in text.split("kernel.tile_scheduler")[1].splitlines()[0]
+
+
+def test_pipeline_staging_decides_the_sm80_compile_arch_from_the_environment(monkeypatch):
+    s = Schedule(tile=(128, 128, 32), arch="sm_80")
+    monkeypatch.setenv("GEMMC_SM80_COMPILE_ARCH", "sm_90a")
+    assert " compile_arch sm_90a\n" in run(SQUARE, s, PIPELINE[:3])
+    assert "compile_arch" not in run(SQUARE, Schedule(), PIPELINE[:3])       # sm_90a kernels build for sm_90a
+    monkeypatch.setenv("GEMMC_SM80_COMPILE_ARCH", "sm_75")
+    with pytest.raises(BuildError, match="GEMMC_SM80_COMPILE_ARCH='sm_75': compile_arch 'sm_75' cannot run"):
+        run(SQUARE, s, PIPELINE[:3])
 
 
 # ---- ordering, idempotence -------------------------------------------------------------------

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from gemmc import EpilogueInput, EpilogueOp, GemmSpec, Ref, Schedule, ScheduleError, check_schedule, is_valid
 from gemmc.bench.dataset import load_dataset, record_schedule
-from gemmc.schedule import (ARCH_LIMITS, ScheduleSpace, accumulator_regs, enumerate_schedules, max_stages,
-                            require_valid, resolve_stages, smem_bytes)
+from gemmc.schedule import (ARCH_LIMITS, SM80_COMPILE_ARCHS, ScheduleSpace, accumulator_regs, enumerate_schedules,
+                            max_stages, require_valid, resolve_stages, sm80_ring_smem_bytes, smem_bytes)
 
 SPEC = GemmSpec(m=4096, n=4096, k=4096)
 
@@ -366,3 +366,22 @@ def test_a_swapped_kernel_stages_only_c_in_smem():
     unswapped = Schedule((64, 32, 128), (1, 2), 9, "pingpong")
     assert epilogue_smem_bytes(unswapped, res) > epilogue_smem_bytes(unswapped, plain)
     assert not is_valid(unswapped, res)
+
+
+def test_one_limits_table_covers_every_target_the_sm80_kernel_builds_for():
+    """The schedule archs and the SM80 kernel's other compile targets share ARCH_LIMITS: sm_86/sm_89 CTAs get
+    99 KB of shared memory, sm_90 is sm_90a's chip."""
+    assert set(SM80_COMPILE_ARCHS) <= set(ARCH_LIMITS)
+    smem = {arch: ARCH_LIMITS[arch].smem_bytes for arch in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")}
+    assert smem == {"sm_80": 166912, "sm_86": 101376, "sm_89": 101376, "sm_90": 232448, "sm_90a": 232448}
+    assert ARCH_LIMITS["sm_90"] is ARCH_LIMITS["sm_90a"]
+    assert all(ARCH_LIMITS[a].name == a and not ARCH_LIMITS[a].has_tma and ARCH_LIMITS[a].max_cluster == 1
+               for a in ("sm_80", "sm_86", "sm_89"))
+
+
+def test_the_sm80_ring_is_each_operands_stages_at_a_1024_byte_boundary():
+    s = Schedule(tile=(128, 256, 64), arch="sm_80")
+    assert resolve_stages(s, SPEC) == 3
+    assert sm80_ring_smem_bytes(s, SPEC) == 3 * (128 + 256) * 64 * 2 == smem_bytes(s, SPEC) - 1024
+    odd = Schedule(tile=(16, 24, 16), stages=3, arch="sm_80")     # 16 x 16 x 3 x 2 B = 1536 B -> 2048 B
+    assert sm80_ring_smem_bytes(odd, SPEC) == 2048 + 3072

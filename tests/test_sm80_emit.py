@@ -99,16 +99,45 @@ def test_compile_arch_defaults_to_sm80_and_can_target_hopper():
 
 
 def test_compile_arch_from_environment(monkeypatch):
-    """GEMMC_SM80_COMPILE_ARCH=sm_90a lets gemmc.compile(..., arch="sm_80") build kernels an H200 can load."""
+    """GEMMC_SM80_COMPILE_ARCH=sm_90a lets gemmc.compile(..., arch="sm_80") build kernels an H200 can load. It is
+    read when the kernel is lowered (pipeline-staging) and carried by the plan."""
     import gemmc
     from gemmc.build import key_material
     monkeypatch.setenv("GEMMC_SM80_COMPILE_ARCH", "sm_90a")
     k = gemmc.compile(GemmSpec(), schedule=Schedule(tile=(128, 128, 32), arch="sm_80"), arch="sm_80")
-    assert k.emitted.compile_arch == "sm_90a"
+    assert k.plan.pipeline.compile_arch == "sm_90a" and k.emitted.compile_arch == "sm_90a"
+    assert "compile_arch sm_90a" in k.ir(after="pipeline-staging")
     monkeypatch.delenv("GEMMC_SM80_COMPILE_ARCH")
-    plain = emit(k.plan)
+    assert emit(k.plan).compile_arch == "sm_90a"                 # the plan's fact, whatever the environment says now
+    plain = emit(plan_of(GemmSpec()))
     assert plain.compile_arch == "sm_80" and plain.source == k.emitted.source
     assert key_material(plain) != key_material(k.emitted)        # the two builds never share a cache entry
+    monkeypatch.setenv("GEMMC_SM80_COMPILE_ARCH", "sm_70")
+    with pytest.raises(BuildError, match="GEMMC_SM80_COMPILE_ARCH='sm_70'.*use one of"):
+        plan_of(GemmSpec())
+
+
+class _NoEnvironment(dict):
+    """os.environ for a call that must read none of it."""
+    def __getitem__(self, key):
+        raise AssertionError(f"read os.environ[{key!r}]")
+
+    def get(self, key, default=None):
+        raise AssertionError(f"read os.environ[{key!r}]")
+
+    def __contains__(self, key):
+        raise AssertionError(f"looked up {key!r} in os.environ")
+
+
+@pytest.mark.parametrize("compile_arch", ["sm_80", "sm_90a"])
+def test_emit_reads_the_plan_not_the_environment(monkeypatch, compile_arch):
+    import os
+    monkeypatch.setenv("GEMMC_SM80_COMPILE_ARCH", compile_arch)
+    plan = plan_of(GemmSpec(), tile=(128, 256, 64))
+    want = emit(plan)
+    monkeypatch.setattr(os, "environ", _NoEnvironment(GEMMC_SM80_COMPILE_ARCH="sm_86"))
+    got = emit(plan)
+    assert (got.compile_arch, got.source, got.params) == (compile_arch, want.source, want.params)
 
 
 @pytest.mark.parametrize("change, match", [
@@ -118,6 +147,9 @@ def test_compile_arch_from_environment(monkeypatch):
     (lambda p: replace(p, scheduler=replace(p.scheduler, pdl=True)), "griddepcontrol"),
     (lambda p: replace(p, mma=replace(p.mma, atom_layout=(4, 2, 1))), "atom layout"),
     (lambda p: replace(p, pipeline=replace(p.pipeline, stages=1)), "stages"),
+    (lambda p: replace(p, pipeline=replace(p.pipeline, ring_smem_bytes=0)), "ring_smem_bytes 0.*pipeline-staging"),
+    (lambda p: replace(p, pipeline=replace(p.pipeline, compile_arch="")), "compile_arch ''.*pipeline-staging"),
+    (lambda p: replace(p, pipeline=replace(p.pipeline, compile_arch="sm_70")), "compile_arch 'sm_70' cannot run"),
     (lambda p: replace(p, epilogue=replace(p.epilogue, store="tma")), "store"),
     (lambda p: replace(p, copies=(replace(p.copies[0], kind="tma"),) + p.copies[1:]), "cp_async"),
     (lambda p: replace(p, copies=(replace(p.copies[0], swizzle_bytes=128),) + p.copies[1:]), "swizzle"),
@@ -351,14 +383,14 @@ def test_workspace_is_a_fine_input_name_without_split_k():
 def test_ring_over_the_compile_arch_shared_memory_is_refused():
     """sm_86/sm_89 CTAs get 99 KB of shared memory, not the A100's 163 KB the predicate checks: a
     3-stage 128x256x64 ring (144 KB) compiled for them would only fail at launch."""
-    from gemmc.backends.sm80.emit import ring_smem_bytes
     big = plan_of(GemmSpec(), tile=(128, 256, 64))
-    assert (big.pipeline.stages, ring_smem_bytes(big)) == (3, 3 * (128 + 256) * 64 * 2)
+    assert (big.pipeline.stages, big.pipeline.ring_smem_bytes) == (3, 3 * (128 + 256) * 64 * 2)
     for arch in ("sm_80", "sm_90a"):
         emit(big, compile_arch=arch)
     for arch in ("sm_86", "sm_89"):
         with pytest.raises(BuildError, match=f"147456 B of shared memory, over the 101376 B a CTA may use on {arch}"):
             emit(big, compile_arch=arch)
     emit(plan_of(GemmSpec(), stages=5), compile_arch="sm_86")       # 5 x 16 KB fits
-    with pytest.raises(BuildError, match="shared memory"):            # a plan past the A100's own limit
-        emit(replace(big, pipeline=replace(big.pipeline, stages=4)))
+    deeper = replace(big.pipeline, stages=4, ring_smem_bytes=4 * (128 + 256) * 64 * 2)
+    with pytest.raises(BuildError, match="196608 B of shared memory, over the 166912 B a CTA may use on sm_80"):
+        emit(replace(big, pipeline=deeper))                         # a plan past the A100's own limit

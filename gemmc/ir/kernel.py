@@ -35,6 +35,7 @@ from xdsl.printer import Printer
 from xdsl.traits import HasParent, NoTerminator
 from xdsl.utils.exceptions import VerifyException
 
+from ..schedule import SM80_COMPILE_ARCHS
 from ..types import ARCHS
 from .attrs import (ScheduleAttr, TensorType, ints_attr, ints_value, parse_shape, parse_word, print_shape,
                     print_word)
@@ -244,11 +245,15 @@ class CopyOp(FactOp):
 
 @irdl_op_definition
 class PipelineOp(FactOp):
-    """The A/B shared-memory ring, its barriers, and the epilogue's staging buffers."""
+    """The A/B shared-memory ring, its barriers, and the epilogue's staging buffers. SM80 kernels also carry
+    ring_smem (the bytes the kernel allocates: each operand's ring at a 1024-byte boundary, no barrier
+    reserve) and compile_arch (the target they are built for, whose per-CTA shared memory the ring must
+    fit); both are absent (0, "") on sm_90a."""
     name = "kernel.pipeline"
     FIELDS: ClassVar[tuple] = (("stages", "stages", "int", _REQUIRED), ("barriers", "barriers", "words", _REQUIRED),
               ("epi_stages", "epi_stages", "int", _REQUIRED), ("epi_tile", "epi_tile", "shape", _REQUIRED),
-              ("smem_bytes", "smem", "int", _REQUIRED))
+              ("smem_bytes", "smem", "int", _REQUIRED), ("ring_smem_bytes", "ring_smem", "int", 0),
+              ("compile_arch", "compile_arch", "word", ""))
 
     def check(self) -> None:
         v = self.values()
@@ -257,6 +262,11 @@ class PipelineOp(FactOp):
         self.fail_unless(v["epi_stages"] >= 0, f"epi_stages {v['epi_stages']} must be >= 0")
         self.fail_unless(len(v["epi_tile"]) == 2 and min(v["epi_tile"]) >= 1, "epi_tile is rows x cols, positive")
         self.fail_unless(v["smem_bytes"] >= 0, "smem must be >= 0")
+        self.fail_unless(v["ring_smem_bytes"] >= 0 and v["ring_smem_bytes"] % 1024 == 0,
+                         f"ring_smem {v['ring_smem_bytes']}: a whole number of 1024-byte blocks (each operand's ring "
+                         "starts at a 1024-byte boundary), >= 0")
+        self.fail_unless(v["compile_arch"] in ("",) + SM80_COMPILE_ARCHS,
+                         f"compile_arch {v['compile_arch']!r}; use one of {SM80_COMPILE_ARCHS} (SM80 kernels)")
 
 
 @irdl_op_definition
@@ -408,6 +418,10 @@ class KernelGemmOp(GemmSignature):
             threads = 32 * sum(w.get("warps") for w in wgs)
             if threads != self.threads.data:
                 raise VerifyException(f"kernel.gemm: threads {self.threads.data} but the warpgroups have {threads}")
+        pipe = self.fact(PipelineOp)
+        if pipe is not None and self.arch.data != "sm_80" and (pipe.get("compile_arch") or pipe.get("ring_smem_bytes")):
+            raise VerifyException(f"kernel.pipeline: compile_arch and ring_smem are SM80 facts, but the kernel is "
+                                  f"{self.arch.data}: drop them")
         sched = self.fact(TileSchedulerOp)
         if sched is not None and sched.get("pdl") and self.arch.data != "sm_90a":
             raise VerifyException(f"kernel.tile_scheduler: pdl true needs sm_90a (griddepcontrol), but the kernel "

@@ -60,6 +60,8 @@ class Pipeline:                         # pipeline-staging
     epi_stages: int                     # C staging buffers in smem
     epi_tile: tuple[int, int]           # (rows, cols) of one epilogue sub-tile
     smem_bytes: int                     # total the CTA uses
+    ring_smem_bytes: int = 0            # SM80: the A/B rings as allocated (each at a 1024 B boundary)
+    compile_arch: str = ""              # SM80: the target it is built for (gemmc.schedule.SM80_COMPILE_ARCHS)
 
 
 @dataclass(frozen=True)

@@ -3,18 +3,26 @@
 persistent grid's cap, the clusters of the schedule's shape resident at once).
 
 Stages come from gemmc.schedule.resolve_stages ("auto": as many as fit after the epilogue's share
-of shared memory); the byte count from gemmc.schedule.smem_bytes. Nothing is recomputed here."""
+of shared memory); the byte count from gemmc.schedule.smem_bytes (SM80's ring as allocated from
+sm80_ring_smem_bytes). Nothing is recomputed here.
+
+The SM80 kernel's compile target is decided here, the one place every lowering passes through:
+$GEMMC_SM80_COMPILE_ARCH (one of gemmc.schedule.SM80_COMPILE_ARCHS), else sm_80. GEMMC_SM80_COMPILE_ARCH=sm_90a
+makes gemmc.compile(spec, arch="sm_80") build a kernel an H100/H200 can load. The IR records it
+(kernel.pipeline compile_arch) and the backend reads it from the plan."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from xdsl.context import Context
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass
 
+from ..errors import BuildError
 from ..ir.kernel import PipelineOp, TileSchedulerOp
-from ..schedule import (ARCH_LIMITS, EPI_STAGES, Schedule, epilogue_tile, pdl_trigger_bands, resolve_stages,
-                        smem_bytes, split_k_mode)
+from ..schedule import (ARCH_LIMITS, EPI_STAGES, SM80_COMPILE_ARCHS, Schedule, epilogue_tile, pdl_trigger_bands,
+                        resolve_stages, sm80_ring_smem_bytes, smem_bytes, split_k_mode)
 from ..spec import GemmSpec
 from .common import kernel_op, layout_schedule
 
@@ -22,10 +30,21 @@ from .common import kernel_op, layout_schedule
 def pipeline(s: Schedule, spec: GemmSpec) -> PipelineOp:
     if s.arch == "sm_90a":   # TMA arrives on `full`; consumers release a slot on `empty`
         barriers, epi_stages, epi = ("full", "empty"), EPI_STAGES, epilogue_tile(s)
+        sm80 = {}
     else:                    # cp.async commit groups, waited on `stages - 2` deep; no smem C staging
         barriers, epi_stages, epi = ("cp.async.group",), 0, s.tile[:2]
+        sm80 = {"ring_smem_bytes": sm80_ring_smem_bytes(s, spec), "compile_arch": sm80_compile_arch()}
     return PipelineOp.make(stages=resolve_stages(s, spec), barriers=barriers, epi_stages=epi_stages,
-                           epi_tile=epi, smem_bytes=smem_bytes(s, spec))
+                           epi_tile=epi, smem_bytes=smem_bytes(s, spec), **sm80)
+
+
+def sm80_compile_arch() -> str:
+    """$GEMMC_SM80_COMPILE_ARCH, else sm_80: the target SM80 kernels are built for."""
+    arch = os.environ.get("GEMMC_SM80_COMPILE_ARCH") or "sm_80"
+    if arch not in SM80_COMPILE_ARCHS:
+        raise BuildError(f"GEMMC_SM80_COMPILE_ARCH={arch!r}: compile_arch {arch!r} cannot run the SM80 kernel; "
+                         f"use one of {SM80_COMPILE_ARCHS}")
+    return arch
 
 
 def tile_scheduler(s: Schedule) -> TileSchedulerOp:

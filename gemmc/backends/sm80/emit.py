@@ -12,12 +12,11 @@ Every number in the emitted module comes from the plan; the header names the pla
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import replace
 
 from ...errors import BuildError
 from ...ir.plan import KernelPlan
-from ...schedule import ARCH_LIMITS
+from ...schedule import ARCH_LIMITS, SM80_COMPILE_ARCHS
 from ...types import DType
 from .. import GRID_YZ_MAX, EmittedKernel, Param
 from ..common import (check_input_names, dsl_type, epilogue_math_lines, grouped_raster_source, input_kernel_args,
@@ -25,27 +24,20 @@ from ..common import (check_input_names, dsl_type, epilogue_math_lines, grouped_
                       splitk_reduce)
 
 ENTRY = "gemm_sm80"
-# The kernel uses only sm_80 instructions; sm_90a builds the same code for Hopper (no A100 here).
-SM80_COMPILE_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_90")
-# Shared memory one CTA may opt into on each (CUDA programming guide): sm_86/sm_89 parts have 99 KB, so a
-# ring that fits an A100's (what the schedule predicate checks) fails to launch there.
-SMEM_PER_CTA = {"sm_80": ARCH_LIMITS["sm_80"].smem_bytes, "sm_86": 99 * 1024, "sm_89": 99 * 1024,
-                "sm_90a": ARCH_LIMITS["sm_90a"].smem_bytes, "sm_90": ARCH_LIMITS["sm_90a"].smem_bytes}
 
 
 def emit(plan: KernelPlan, compile_arch: str | None = None) -> EmittedKernel:
-    """CuTe DSL source for `plan` (arch "sm_80"). compile_arch defaults to $GEMMC_SM80_COMPILE_ARCH, else
-    "sm_80"; "sm_90a" builds the same kernel for an H100/H200 (an sm_80 cubin does not load on Hopper),
-    e.g. GEMMC_SM80_COMPILE_ARCH=sm_90a makes gemmc.compile(spec, arch="sm_80") runnable there."""
+    """CuTe DSL source for `plan` (arch "sm_80"), built for plan.pipeline.compile_arch (pipeline-staging
+    decides it: $GEMMC_SM80_COMPILE_ARCH, else "sm_80") unless `compile_arch` names another target;
+    "sm_90a" builds the same kernel for an H100/H200 (an sm_80 cubin does not load on Hopper)."""
     _check_plan(plan)
-    compile_arch = compile_arch or os.environ.get("GEMMC_SM80_COMPILE_ARCH") or "sm_80"
+    compile_arch = compile_arch or plan.pipeline.compile_arch
     if compile_arch not in SM80_COMPILE_ARCHS:
         raise BuildError(f"compile_arch {compile_arch!r} cannot run the SM80 kernel; use one of {SM80_COMPILE_ARCHS}")
-    smem = ring_smem_bytes(plan)
-    if smem > SMEM_PER_CTA[compile_arch]:
+    smem, limit = plan.pipeline.ring_smem_bytes, ARCH_LIMITS[compile_arch].smem_bytes
+    if smem > limit:
         raise BuildError(f"SM80 backend: the {plan.pipeline.stages}-stage A/B ring needs {smem} B of shared memory, "
-                         f"over the {SMEM_PER_CTA[compile_arch]} B a CTA may use on {compile_arch}; use fewer stages "
-                         "or a smaller tile")
+                         f"over the {limit} B a CTA may use on {compile_arch}; use fewer stages or a smaller tile")
     params = kernel_params(plan)
     return EmittedKernel(arch=plan.arch, source=_source(plan, params), entry=ENTRY, params=params,
                          compile_arch=compile_arch)
@@ -89,6 +81,9 @@ def _check_plan(plan: KernelPlan) -> None:
             "(two k-blocks for the register double buffer)")
     if plan.pipeline.stages < 2:
         bad(f"{plan.pipeline.stages} stages", "the cp.async ring needs at least 2")
+    if plan.pipeline.ring_smem_bytes < 1 or not plan.pipeline.compile_arch:
+        bad(f"pipeline ring_smem_bytes {plan.pipeline.ring_smem_bytes}, compile_arch "
+            f"{plan.pipeline.compile_arch!r}", "lower with pipeline-staging (it sizes the ring and picks the target)")
     for op in ("a", "b"):
         c = plan.copy(op)
         if c.kind != "cp_async" or c.vector_bytes not in (4, 8, 16):
@@ -114,13 +109,6 @@ def _check_plan(plan: KernelPlan) -> None:
         bad("split_k_mode fixup (the in-kernel split-K sum is SM90's)", "split_k_mode serial: the reduce kernel sums")
     if plan.epilogue.store != "direct":
         bad(f"epilogue store {plan.epilogue.store!r}", "SM80 stores from registers: store='direct'")
-
-
-def ring_smem_bytes(plan: KernelPlan) -> int:
-    """Shared memory of the kernel: the A and B rings, each allocated at a 1024-byte boundary."""
-    bm, bn, bk = plan.tile
-    per_row = bk * plan.pipeline.stages * plan.problem.a_dtype.bytes
-    return sum(math.ceil(rows * per_row / 1024) * 1024 for rows in (bm, bn))
 
 
 def _contiguous_extent(plan: KernelPlan, op: str) -> int:
