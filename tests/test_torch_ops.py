@@ -151,6 +151,83 @@ def test_compiled_graph_runs_fused_op_without_grad_and_bias_only_op_with_grad():
     torch._dynamo.reset()
 
 
+def _inductor_code(fn, *args):
+    """(result, the generated wrapper code) of fn compiled by Inductor, compiled afresh (no FX graph cache)."""
+    from torch._inductor.utils import run_and_get_code
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        out, codes = run_and_get_code(torch.compile(fn, backend="inductor", fullgraph=True), *args)
+    torch._dynamo.reset()
+    return out, "\n".join(codes)
+
+
+def test_inductor_calls_the_out_entries_directly_forward_and_backward():
+    """A compiled graph calls gemmc's out= entries as extern kernels (no dispatcher round trip into Python, no
+    allocation of its own), in the forward and in the backward, and computes what eager computes."""
+    torch.manual_seed(5)
+    model = TwoLayers()
+    x = torch.randn(3, 4, 16)
+    with torch.no_grad():
+        got, code = _inductor_code(model, x)
+        torch.testing.assert_close(got, model(x))
+    assert code.count("extern_kernels.gemmc_linear_bias_out(") == 2, code
+    assert "torch.ops.gemmc" not in code
+
+    def plain(x, w):
+        return gto.linear(x, w).sum()
+    w = torch.randn(32, 16, requires_grad=True)
+    xg = torch.randn(5, 16, requires_grad=True)
+    from torch._inductor.utils import run_and_get_code
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        compiled = torch.compile(plain, backend="inductor", fullgraph=True)
+        loss, codes = run_and_get_code(lambda: compiled(xg, w).backward())
+    torch._dynamo.reset()
+    code = "\n".join(codes)
+    assert "extern_kernels.gemmc_linear_out(" in code and code.count("extern_kernels.gemmc_gemm_out(") == 2, code
+    assert "torch.ops.gemmc" not in code
+    torch.testing.assert_close(w.grad, torch.ones(5, 32).T @ xg.detach())
+    torch.testing.assert_close(xg.grad, torch.ones(5, 32) @ w.detach())
+
+
+def test_inductor_lowering_that_cannot_build_its_node_falls_back_to_the_op(monkeypatch):
+    import torch._inductor.ir as inductor_ir
+    from gemmc.torch_ops import inductor
+
+    def broken(*args, **kwargs):
+        raise TypeError("ExternKernelOut() got an unexpected keyword argument")
+    monkeypatch.setattr(inductor_ir, "ExternKernelOut", broken)
+    monkeypatch.setattr(inductor, "_WARNED", False)
+    model = TwoLayers()
+    x = torch.randn(6, 16)
+    with torch.no_grad(), pytest.warns(UserWarning, match="could not lower .*launch_linear"):
+        got, code = _inductor_code(model, x)
+        torch.testing.assert_close(got, model(x))
+    assert code.count("torch.ops.gemmc.launch_linear.default(") == 2 and "gemmc_linear" not in code
+
+
+def test_out_entries_run_the_registry_kernel_into_out(stand_in_registry):
+    torch.manual_seed(6)
+    w, b = torch.randn(16, 32, dtype=BF16), torch.randn(16, dtype=BF16)
+    x = torch.randn(5, 32, dtype=BF16)
+    out = torch.full((5, 16), float("nan"), dtype=BF16)
+    launch.linear_into(x, w, b, "silu", out)        # first call: the key is new, run_linear compiles it
+    torch.testing.assert_close(out, reference.linear(x, w, b, "silu"))
+    kern, = stand_in_registry
+    out.fill_(float("nan"))
+    launch.linear_into(x, w, b, "silu", out)        # known key: the kernel writes out itself
+    torch.testing.assert_close(out, reference.linear(x, w, b, "silu"))
+    assert len(kern.calls) == 2 and kern.calls[-1][0] is x
+    with pytest.raises(LaunchError, match="last dim must be K = 32"):      # a malformed call: the op's message
+        launch.linear_into(torch.randn(5, 16, dtype=BF16), w, b, "silu", out)
+    dz, xs = torch.randn(6, 16, dtype=BF16), torch.randn(6, 32, dtype=BF16)
+    dw = torch.full((16, 32), float("nan"), dtype=BF16)
+    launch.gemm_into(dz, xs, "km", "kn", dw)
+    launch.gemm_into(dz, xs, "km", "kn", dw)
+    torch.testing.assert_close(dw, (dz.float().T @ xs.float()).to(BF16))
+    assert len(stand_in_registry) == 2 and len(stand_in_registry[1].calls) == 2
+
+
 @pytest.mark.parametrize("activation", gto.ACTIVATIONS)
 @pytest.mark.parametrize("bias", [True, False])
 def test_opcheck_linear(activation, bias):
@@ -232,13 +309,13 @@ class StandInKernel:
     def __init__(self, spec, arch):
         self.spec, self.arch, self.calls, self.prepared = spec, arch, [], []
 
-    def __call__(self, a, b, *inputs):
+    def __call__(self, a, b, *inputs, out=None):
         self.calls.append((a, b, inputs))
         spec = self.spec
-        out = reference.gemm(a.float(), b.float(), spec.a_layout, spec.b_layout)
+        y = reference.gemm(a.float(), b.float(), spec.a_layout, spec.b_layout)
         for op in spec.epilogue:
-            out = out + inputs[0].float() if op.op == "add" else TORCH_OF_EPILOGUE_OP[op.op](out)
-        return out.to(a.dtype)
+            y = y + inputs[0].float() if op.op == "add" else TORCH_OF_EPILOGUE_OP[op.op](y)
+        return y.to(a.dtype) if out is None else out.copy_(y)
 
     def prepare(self, ms):
         self.prepared.append(list(ms))

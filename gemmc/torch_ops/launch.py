@@ -2,6 +2,9 @@
 
 A call whose key is new, or that a kernel refuses, takes the slow path: checks.py says what is wrong (before
 anything launches), then the registry compiles. Empty problems (M, N or K of 0) run the torch reference.
+
+The `*_out` entries are what a compiled graph calls (inductor.py lowers the kernel ops to them): the same
+lookup and kernel, writing into the buffer Inductor allocated.
 """
 from __future__ import annotations
 
@@ -80,3 +83,70 @@ def run_gemm(a: torch.Tensor, b: torch.Tensor, a_layout: str, b_layout: str) -> 
     except LaunchError as refused:
         check_gemm_call(a, b, a_layout, b_layout, cause=refused)
         raise
+
+
+# ---- the out= entries of compiled graphs (inductor.py): Inductor allocated `out`, a contiguous [M, N] ----------
+
+def linear_out(x: torch.Tensor, weight: torch.Tensor, activation: str, *, out: torch.Tensor) -> None:
+    """act(x @ weight.T) into `out`; x [M, K] (Inductor flattened it), weight [N, K]."""
+    if x.is_cuda:
+        linear_into(x, weight, None, activation, out)
+    else:                       # CPU tensors (tests): the reference, as the kernel op's CPU kernel runs
+        out.copy_(_checked_reference_linear(x, weight, None, activation))
+
+
+def linear_bias_out(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, activation: str, *,
+                    out: torch.Tensor) -> None:
+    """act(x @ weight.T + bias) into `out`; x [M, K], weight [N, K], bias [N]."""
+    if x.is_cuda:
+        linear_into(x, weight, bias, activation, out)
+    else:
+        out.copy_(_checked_reference_linear(x, weight, bias, activation))
+
+
+def gemm_out(a: torch.Tensor, b: torch.Tensor, a_layout: str, b_layout: str, *, out: torch.Tensor) -> None:
+    """A @ B into `out` ([M, N]), operands in gemmc's storage layouts."""
+    if a.is_cuda:
+        gemm_into(a, b, a_layout, b_layout, out)
+    else:
+        check_gemm_call(a, b, a_layout, b_layout)
+        out.copy_(reference.gemm(a, b, a_layout, b_layout))
+
+
+def _checked_reference_linear(x, weight, bias, activation):
+    check_linear_call(x, weight, bias, activation)
+    return reference.linear(x, weight, bias, activation)
+
+
+def linear_into(x, weight, bias, activation: str, out: torch.Tensor) -> None:
+    """run_linear's work with the output given: a known kernel at a 2-D x writes `out` itself; anything else
+    (a new key, M = 0, a call the route refuses) runs run_linear, whose checks say what is wrong, and copies."""
+    n, k = weight.shape
+    kern = LINEAR_KERNELS.get((n, k, weight.dtype, bias is not None, activation))
+    if kern is None or x.dim() != 2 or x.shape[1] != k or not x.shape[0]:
+        out.copy_(run_linear(x, weight, bias, activation))
+        return
+    run = kern.runner_for(x.shape[0])
+    try:
+        if bias is None:
+            run(_dense(x), _dense(weight), out=out)
+        else:
+            run(_dense(x), _dense(weight), _dense(bias), out=out)
+    except LaunchError:
+        out.copy_(run_linear(x, weight, bias, activation))
+
+
+def gemm_into(a, b, a_layout: str, b_layout: str, out: torch.Tensor) -> None:
+    """run_gemm's work with the output given (the same fallbacks as linear_into)."""
+    try:
+        n = b.shape[0] if b_layout == "nk" else b.shape[1]
+        kern = GEMM_KERNELS.get((a_layout, b_layout, a.dtype, a.shape[1], n))
+    except _MALFORMED:
+        kern = None
+    if kern is None or not (a.numel() and b.numel()):
+        out.copy_(run_gemm(a, b, a_layout, b_layout))
+        return
+    try:
+        kern(_dense(a), _dense(b), out=out)
+    except LaunchError:
+        out.copy_(run_gemm(a, b, a_layout, b_layout))

@@ -10,7 +10,7 @@ cost several times the kernel call's own host time).
 The kernel ops: CUDA tensors run gemmc kernels (launch.py); CPU tensors run the torch reference
 (reference.py), so tests on a CPU host trace, compile and differentiate the same ops. Their fake kernels give
 the output's shape, dtype and (contiguous) strides, and refuse malformed calls with the same errors, at
-trace time. Called directly with tensors that need a gradient, a kernel op's result has no backward formula:
+trace time. Inductor lowers them to direct calls of launch.py's out= entries (inductor.py). Called directly with tensors that need a gradient, a kernel op's result has no backward formula:
 call the public op.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.library import Library, register_fake
 
-from . import reference
+from . import inductor, reference
 from .checks import check_gemm_call, check_linear_call, gemm_dims
 from .launch import run_gemm, run_linear
 
@@ -40,6 +40,7 @@ def _linear_cpu(x, weight, bias, activation):
 
 
 def _linear_fake(x, weight, bias, activation):
+    inductor.register()         # tracing: Inductor may lower this call next
     check_linear_call(x, weight, bias, activation)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
@@ -50,6 +51,7 @@ def _gemm_cpu(a, b, a_layout, b_layout):
 
 
 def _gemm_fake(a, b, a_layout, b_layout):
+    inductor.register()
     check_gemm_call(a, b, a_layout, b_layout)
     m, n, _, _ = gemm_dims(a, b, a_layout, b_layout)
     return a.new_empty((m, n))
