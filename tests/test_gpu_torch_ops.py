@@ -237,3 +237,37 @@ def test_compile_static_rows_trace_torch_routes_as_f_linear():
         else:
             ref = x.float() @ w.float().T
             assert_within_bound(f"M={m}", y, F.linear(x, w), ref)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_inductor_calls_gemmc_out_entries_on_cuda_within_bound(dynamic):
+    """Compiled by Inductor, the graph calls gemmc's out= entries (no gemmc op through the dispatcher), with
+    and without gradients, and its results stay within the bound of fp32 torch, at rows of three M buckets."""
+    from torch._inductor.utils import run_and_get_code
+    torch._dynamo.reset()
+    torch.manual_seed(8)
+    model = TwoLayers()
+    for rows in (1, 37, 300):
+        x = randn(rows, 128)
+        with torch.no_grad(), torch._inductor.config.patch(force_disable_caches=True):
+            got, codes = run_and_get_code(torch.compile(model, fullgraph=True, dynamic=dynamic), x)
+        code = "\n".join(codes)
+        if codes:       # dynamic=True compiles once: later row counts reuse the first graph
+            assert code.count("extern_kernels.gemmc_linear_bias_out(") == 2 and not calls_gemmc_op(code), code
+        h = F.gelu(x.float() @ model.up.weight.float().T + model.up.bias.float())
+        ref = h @ model.down.weight.float().T + model.down.bias.float()
+        torch_low = F.linear(F.gelu(F.linear(x, model.up.weight, model.up.bias)), model.down.weight, model.down.bias)
+        assert_within_bound(f"rows={rows}", got, torch_low, ref)
+    x = randn(24, 128, grad=True)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, dynamic=dynamic)
+        _, codes = run_and_get_code(lambda: compiled(x).sum().backward())
+    code = "\n".join(codes)
+    assert code.count("extern_kernels.gemmc_gemm_out(") == 4 and not calls_gemmc_op(code), code
+    torch._dynamo.reset()
+
+
+def calls_gemmc_op(code: str) -> bool:
+    """Whether generated code calls a gemmc op itself (its comments name the ops of the nodes it fused)."""
+    return any("torch.ops.gemmc." in line.split("#")[0] for line in code.splitlines())

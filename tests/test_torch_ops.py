@@ -171,7 +171,7 @@ def test_inductor_calls_the_out_entries_directly_forward_and_backward():
         got, code = _inductor_code(model, x)
         torch.testing.assert_close(got, model(x))
     assert code.count("extern_kernels.gemmc_linear_bias_out(") == 2, code
-    assert "torch.ops.gemmc" not in code
+    assert not calls_gemmc_op(code)
 
     def plain(x, w):
         return gto.linear(x, w).sum()
@@ -185,7 +185,7 @@ def test_inductor_calls_the_out_entries_directly_forward_and_backward():
     torch._dynamo.reset()
     code = "\n".join(codes)
     assert "extern_kernels.gemmc_linear_out(" in code and code.count("extern_kernels.gemmc_gemm_out(") == 2, code
-    assert "torch.ops.gemmc" not in code
+    assert not calls_gemmc_op(code)
     torch.testing.assert_close(w.grad, torch.ones(5, 32).T @ xg.detach())
     torch.testing.assert_close(xg.grad, torch.ones(5, 32) @ w.detach())
 
@@ -204,6 +204,11 @@ def test_inductor_lowering_that_cannot_build_its_node_falls_back_to_the_op(monke
         got, code = _inductor_code(model, x)
         torch.testing.assert_close(got, model(x))
     assert code.count("torch.ops.gemmc.launch_linear.default(") == 2 and "gemmc_linear" not in code
+
+
+def calls_gemmc_op(code: str) -> bool:
+    """Whether generated code calls a gemmc op itself (its comments may name the ops of the nodes it fused)."""
+    return any("torch.ops.gemmc." in line.split("#")[0] for line in code.splitlines())
 
 
 def test_out_entries_run_the_registry_kernel_into_out(stand_in_registry):

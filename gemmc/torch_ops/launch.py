@@ -43,14 +43,14 @@ def run_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             return reference.linear(x, weight, bias, activation)
         kern = linear_kernel(n, k, weight.dtype, bias is not None, activation)
     flat = x.dim() != 2
-    x2 = x.reshape(-1, k) if flat else x
-    if not x2.shape[0]:                                     # M = 0: the empty output
+    rows = x.numel() // k if flat else x.shape[0]           # k > 0 here: a kernel exists
+    if not rows:                                            # M = 0: the empty output
         return reference.linear(x, weight, bias, activation)
-    x2, w = _dense(x2), _dense(weight)
-    run = kern.runner_for(x2.shape[0])
+    run = kern.runner_for(rows)
     if run.__class__ is CublasRoute:
-        # `auto` measured cuBLAS faster at this M (plain GEMMs only): torch's own call, with none of gemmc's glue
+        # `auto` measured cuBLAS faster at this M (plain GEMMs only): torch's own call, before any of gemmc's glue
         return _torch_linear(x, weight)
+    x2, w = _dense(x.reshape(-1, k) if flat else x), _dense(weight)
     try:
         y = run(x2, w) if bias is None else run(x2, w, _dense(bias))
     except LaunchError:
