@@ -133,7 +133,7 @@ def test_a_db_pick_of_an_older_gemmc_says_so(tmp_path, no_gpu, monkeypatch):
 @pytest.mark.parametrize("spec, says", [
     (gemmc.GemmSpec(4096, 4096, 4096, dtype="f16"), "holds plain bf16 A [M, K] @ B [N, K].T, unbatched, only"),
     (gemmc.GemmSpec(4096, 4096, 4096, batch=4), "holds plain bf16 A [M, K] @ B [N, K].T, unbatched, only"),
-    (gemmc.GemmSpec(4096, 4096, 4096, a_layout="km"), "holds plain bf16 A [M, K] @ B [N, K].T, unbatched, only"),
+    (gemmc.GemmSpec(16, 4096, 4096, a_layout="km"), "holds plain bf16 A [M, K] @ B [N, K].T, unbatched, only"),
     (gemmc.GemmSpec(3, 4096, 4096, **BIAS), "a fused epilogue keeps the kernel"),
     (gemmc.GemmSpec(64, 64, 64), "no shape measured on NVIDIA H200 within 8x"),
     (gemmc.GemmSpec("M", 4096, 4096), "symbolic M: no measurement applies (a symbolic-M `auto` compile decides "
@@ -143,6 +143,24 @@ def test_a_db_pick_of_an_older_gemmc_says_so(tmp_path, no_gpu, monkeypatch):
 def test_the_heuristic_step_says_why_no_measurement_decided(h200_table, spec, says):
     d = resolve_auto(spec, "sm_90a")
     assert d.source == "heuristic" and not d.use_cublas and says in d.detail
+
+
+def test_another_layout_takes_only_a_cublas_win_of_the_table(h200_table):
+    """A plain GEMM in a layout the table did not measure (a backward pass's dX or dW) runs torch.matmul where the
+    table has cuBLAS winning the same (M, N, K) as A [M, K] @ B [N, K].T; a gemmc win there does not carry over,
+    and an epilogue keeps the kernel."""
+    assert resolve_auto(gemmc.GemmSpec(4096, 4096, 4096), "sm_90a").use_cublas        # the table's verdict
+    for layouts in (dict(a_layout="km"), dict(b_layout="kn"), dict(a_layout="km", b_layout="kn")):
+        d = resolve_auto(gemmc.GemmSpec(4096, 4096, 4096, **layouts), "sm_90a")
+        assert d.source == "heuristic" and d.use_cublas, (layouts, d)
+        assert "measured cuBLAS faster as A [M, K] @ B [N, K].T at this shape" in d.detail
+    near = resolve_auto(gemmc.GemmSpec(4096, 4096, 4104, b_layout="kn"), "sm_90a")     # between measured shapes
+    assert near.use_cublas and "nearest shapes measured as A [M, K] @ B [N, K].T" in near.detail
+    assert not resolve_auto(gemmc.GemmSpec(16, 4096, 4096), "sm_90a").use_cublas       # gemmc won here
+    d = resolve_auto(gemmc.GemmSpec(16, 4096, 4096, b_layout="kn"), "sm_90a")
+    assert not d.use_cublas and "holds plain bf16" in d.detail
+    d = resolve_auto(gemmc.GemmSpec(4096, 4096, 4096, b_layout="kn", out_dtype="f32"), "sm_90a")
+    assert not d.use_cublas
 
 
 def test_the_heuristic_step_says_when_gemmc_won_nearby(h200_table):

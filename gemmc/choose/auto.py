@@ -15,7 +15,8 @@ neighbour or on this problem, or failed its check on this problem. `detail` name
 
 A plain GEMM goes to torch.matmul when cuBLAS was measured faster on this exact problem (the DB's or the
 table's), or on the table's neighbour, or (at the heuristic step) at any of the 5 nearest shapes the table
-measured (its checks of the heuristic's own picks where any lies near, else its tuned entries); a fused
+measured (its checks of the heuristic's own picks where any lies near, else its tuned entries; for another
+storage layout, where cuBLAS won the same (M, N, K) as A [M, K] @ B [N, K].T there); a fused
 epilogue never does (cuBLAS would need extra passes to match it). "Measured faster" is the paired verdict:
 cuBLAS and gemmc timed in the same runs (gemmc.choose.tuning_db_verdict); for the DB, the best schedule's
 speed-up over cuBLAS is the geometric mean over its paired rows, or from three such rows on the median

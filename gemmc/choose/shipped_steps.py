@@ -1,11 +1,13 @@
 """The steps of `schedule="auto"` (gemmc.choose.auto) that read what ships with gemmc: 2. the table shipped for this
 GPU at this exact shape; 4. the table's neighbour (gemmc.choose.neighbours); 5. the analytic heuristic, with the
-table's cuBLAS verdict at the nearest shapes it measured.
+table's cuBLAS verdict at the nearest shapes it measured (for another storage layout, a cuBLAS win at the same
+(M, N, K) measured as A [M, K] @ B [N, K].T).
 """
 from __future__ import annotations
 
 import difflib
 import os
+from dataclasses import replace
 from typing import Optional
 
 from ..schedule import Schedule, default_schedule, enumerate_schedules, is_valid
@@ -91,6 +93,9 @@ def heuristic_decision(conc: Optional[GemmSpec], spec: GemmSpec, arch: str, tabl
     schedule = heuristic_schedule(conc or spec, arch)
     why_none = _why_no_verdict(conc, spec, table)
     if why_none is not None:
+        borrowed = _other_layout_cublas_win(conc, table)
+        if borrowed is not None:
+            return Decision(schedule, "heuristic", use_cublas=True, detail=borrowed)
         return Decision(schedule, "heuristic", detail=why_none)
     cublas_faster, read = table.cublas_verdict(conc)
     if cublas_faster is None:
@@ -116,6 +121,33 @@ def _why_no_verdict(conc: Optional[GemmSpec], spec: GemmSpec, table) -> Optional
     if conc.has_epilogue:
         return "no tuning of this problem or shape; a fused epilogue keeps the kernel"
     return None
+
+
+def _other_layout_cublas_win(conc: Optional[GemmSpec], table) -> Optional[str]:
+    """For a plain GEMM of the table's class in another storage layout (e.g. a backward pass's dX or dW): where
+    the table has cuBLAS winning the same (M, N, K) as A [M, K] @ B [N, K].T (at the shape, its neighbour, or the
+    nearest shapes it measured), the detail of a torch.matmul route; else None. Only a cuBLAS win carries over,
+    never a gemmc win: that direction cannot make a call slower than torch.matmul's."""
+    if conc is None or table is None or conc.has_epilogue or (conc.a_layout, conc.b_layout) == ("mk", "nk"):
+        return None
+    counterpart = replace(conc, a_layout="mk", b_layout="nk", name=f"{conc.name}_as_mk_nk")
+    if not table.covers(counterpart):
+        return None
+    hit = table.lookup(counterpart)
+    if hit is not None:
+        e, exact = hit
+        if not e.cublas_faster:
+            return None
+        where = "this shape" if exact else f"{e.m}x{e.n}x{e.k}"
+        return (f"no measurement in layouts {conc.a_layout}/{conc.b_layout}; the shipped table of the {table.gpu} "
+                f"measured cuBLAS faster as A [M, K] @ B [N, K].T at {where} ({e.time_us:.2f} us vs cuBLAS "
+                f"{e.cublas_us:.2f} us)")
+    cublas_faster, read = table.cublas_verdict(counterpart)
+    if not cublas_faster:
+        return None
+    what = {"checks": "the heuristic's picks", "entries": "tuned schedules"}[read]
+    return (f"no measurement in layouts {conc.a_layout}/{conc.b_layout}; cuBLAS won at one or more of the "
+            f"{VERDICT_NEIGHBOURS} nearest shapes measured as A [M, K] @ B [N, K].T on {table.gpu} ({what})")
 
 
 def _symbolic_note(spec: GemmSpec) -> str:
