@@ -457,22 +457,25 @@ def test_simulate_reports_progress_within_a_long_run(monkeypatch):
 
 
 def test_simulate_quick_is_ten_shapes_two_seeds_and_three_budgets(monkeypatch, capsys):
+    """The flags --quick stands for. The dataset is faked too (15 recorded problems): reading bench/data's
+    48k records takes ~6 s a call, too long for the quick subset; the slow test below replays it for real."""
     import gemmc.search.simulate as sim
     from gemmc.search.cli import main
-    seen = {}
+    seen, recorded = {}, [f"problem {i}" for i in range(15)]
 
     def fake(problems, strategies, budgets, seeds, **kw):
         seen.update(problems=len(problems), budgets=list(budgets), seeds=seeds)
         return {s: {str(b): {"median_fraction": 1.0, "score_vs_random": 1.0} for b in [1, *budgets]}
                 for s in strategies}
     monkeypatch.setattr(sim, "simulate", fake)
-    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sim, "load_records", lambda path: (seen.update(data=str(path)) or {}, ["a record"]))
+    monkeypatch.setattr(sim, "group_problems", lambda records, header=None: list(recorded))
     assert main(["simulate", "--data", "bench/data", "--quick"]) == 0
-    assert seen == {"problems": 10, "budgets": [4, 8, 16], "seeds": 2}
+    assert seen == {"data": "bench/data", "problems": 10, "budgets": [4, 8, 16], "seeds": 2}
     assert main(["simulate", "--data", "bench/data", "--quick", "--seeds", "3"]) == 0     # a flag given wins
     assert seen["seeds"] == 3 and seen["problems"] == 10
     assert main(["simulate", "--data", "bench/data", "--strategy", "random"]) == 0           # the full replay
-    assert seen["seeds"] == 20 and seen["budgets"] == [4, 8, 16, 32] and seen["problems"] > 10
+    assert seen["seeds"] == 20 and seen["budgets"] == [4, 8, 16, 32] and seen["problems"] == 15
 
 
 def _documented_simulate_commands():
