@@ -4,8 +4,11 @@
   has the checkout's bench/ and examples/, with a fresh GEMMC_CACHE_DIR and no tuning DB. A block whose
   first line is `# needs a GPU` is a GPU test (skipped without one).
 - Every `gemmc ...` / `gemmc-search ...` command in a ```console or ```bash block parses with the real
-  command-line parser (the subcommand and every flag exist, each value is of the right kind); the cheap ones
-  (`gemmc compile`, `gemmc opt`, `gemmc bench --show`) run for real, in the page's order, and must succeed.
+  command-line parser (the subcommand and every flag exist, each value is of the right kind); those a CPU
+  runs (`gemmc compile`, `opt`, `build`, `bench --show`; `gemmc-search report`, `export`, `import`,
+  `train-policy`, on a small tuning DB made for the block) run for real, in the page's order, and must
+  succeed. What needs a GPU (`gemmc bench`, `gemmc-search tune`) only parses; `gemmc-search simulate` runs
+  in tests/test_frictions.py (the documented commands, timed).
 - README.md stays at most 8 KB, and every relative link of every page leads to a file of the checkout.
 
 docs/pytorch.md has its own test (tests/test_docs_pytorch.py).
@@ -107,11 +110,17 @@ def _subcommand(argv) -> str | None:
     return next((a for a in argv[1:] if not a.startswith("-")), None)
 
 
+DB_COMMANDS = ("report", "export", "import", "train-policy")     # gemmc-search's, on the tuning DB
+
+
 def runs_for_real(cmd: Command) -> bool:
-    """Cheap on a CPU: compiling to IR or source, running passes over a file, printing a recorded bench
-    report. (Simulating takes seconds even on a sample: docs/search.md's python block runs the simulator.)"""
+    """Runs on a CPU: compiling to IR or source, running passes over a file, building kernels into a cache,
+    printing a recorded bench report, reading and moving a tuning DB. (Simulating takes seconds even on a
+    sample: tests/test_frictions.py runs the documented simulate commands.)"""
     sub = _subcommand(cmd.argv)
-    return cmd.program == "gemmc" and (sub in ("compile", "opt") or "--show" in cmd.argv or sub is None)
+    if cmd.program == "gemmc-search":
+        return sub in DB_COMMANDS
+    return sub in ("compile", "opt", "build") or "--show" in cmd.argv or sub is None
 
 
 # ---- README size and links -------------------------------------------------------------------------------
@@ -119,6 +128,17 @@ def runs_for_real(cmd: Command) -> bool:
 def test_readme_is_at_most_8_kb():
     size = len((ROOT / "README.md").read_bytes())
     assert size <= README_MAX_BYTES, f"README.md is {size} bytes; move detail into docs/ (at most {README_MAX_BYTES})"
+
+
+def test_the_readmes_two_commands_are_the_ones_ci_runs():
+    """The README's commands are `scripts/dev example` (examples/main.py: tests/test_examples.py runs it) and
+    `scripts/dev test`, which is what .ci/run runs, with its quick form `-m quick` (tests/conftest.py)."""
+    block = next(b for b in fenced_blocks(ROOT / "README.md") if b.lang == "bash")
+    readme = [line.split("#")[0].split() for line in block.text.splitlines() if line.split("#")[0].strip()]
+    assert readme == [["scripts/dev", "example"], ["scripts/dev", "test"], ["scripts/dev", "test", "-m", "quick"]]
+    ci = [line.split() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.startswith("#")]
+    assert ci == [["exec", "bash", "scripts/dev", "test"]], ci
 
 
 def test_docs_pages_exist_and_the_index_lists_each():
@@ -233,15 +253,51 @@ def _main(program: str):
     return main
 
 
+def _tuned_db(path: Path) -> None:
+    """A small tuning DB at `path`: three measured schedules of one problem on the H200, each with its
+    paired cuBLAS time (enough for report, export, import and train-policy)."""
+    import gemmc
+    from gemmc.search.db import TuningDB
+    from gemmc.search.strategy import Measurement, SearchProblem
+    spec = gemmc.GemmSpec(128, 4096, 4096)
+    candidates = SearchProblem.of(spec).candidates
+    db = TuningDB(path)
+    for i, t in enumerate([30.0, 25.0, 27.0]):
+        db.record(spec, "sm_90a", Measurement(candidates[i], t, None, 28.0), "NVIDIA H200", "bayes")
+    db.close()
+
+
+@pytest.fixture(scope="module")
+def doc_caches(tmp_path_factory):
+    """{a --cache-dir the docs name outside the checkout: the test's folder standing for it}, one for the
+    module, so the README and cache.md, which fill the same folder, build its kernels once."""
+    root, seen = tmp_path_factory.mktemp("doc-cache-dirs"), {}
+
+    def folder(named: str) -> str:
+        return seen.setdefault(named, str(root / f"cache-{len(seen)}"))
+    return folder
+
+
+def _argv_here(cmd: Command, doc_caches) -> list:
+    """The command's arguments, an absolute --cache-dir (/tmp/gemmc-cache) replaced by a test folder."""
+    args = list(cmd.argv[1:])
+    for i, a in enumerate(args[:-1]):
+        if a == "--cache-dir" and os.path.isabs(args[i + 1]):
+            args[i + 1] = doc_caches(args[i + 1])
+    return args
+
+
 @pytest.mark.parametrize("block", RUN_BLOCKS, ids=lambda b: b.id)
-def test_cheap_commands_run(block, tmp_path, monkeypatch):
+def test_cheap_commands_run(block, tmp_path, monkeypatch, doc_caches):
     """In this process (a python start-up per command would cost more than the commands), in the block's
-    order, so a command may read the file an earlier one wrote (`> gemm.mlir`)."""
+    order, so a command may read the file an earlier one wrote (`> gemm.mlir`, `export FILE`)."""
     work = _scratch_folder(tmp_path)
     for var in ("GEMMC_GPU", "GEMMC_PRETUNED"):
         monkeypatch.delenv(var, raising=False)
     for var, value in _doc_env(tmp_path).items():
         monkeypatch.setenv(var, value)
+    if any(c.program == "gemmc-search" and _subcommand(c.argv) in DB_COMMANDS for c in commands(block)):
+        _tuned_db(Path(os.environ["GEMMC_TUNING_DB"]))
     monkeypatch.chdir(work)
     for cmd in commands(block):
         if not runs_for_real(cmd):
@@ -255,7 +311,7 @@ def test_cheap_commands_run(block, tmp_path, monkeypatch):
                 env.setenv(var, value)
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 try:
-                    rc = _main(cmd.program)(list(cmd.argv[1:]))
+                    rc = _main(cmd.program)(_argv_here(cmd, doc_caches))
                 except SystemExit as e:
                     rc = e.code
         assert rc in (0, None), f"{where}\nexit {rc}\n{out.getvalue()[-2000:]}\n{err.getvalue()[-3000:]}"

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import gemmc
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SOURCES = ("db", "pretuned", "policy", "nearest", "heuristic")
 
@@ -21,6 +23,23 @@ def run_example(name: str, tmp_path: Path, *args: str, hide_gpu: bool = True, ti
     proc = subprocess.run([sys.executable, str(EXAMPLES / name), *args], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_main_example_prints_the_ir_after_each_pass_and_builds_the_kernel(tmp_path):
+    """examples/main.py, what the README's `scripts/dev example` runs: on a CPU it prints the IR before and
+    after every pass of the compiled kernel, builds it and finds the Hopper instructions in its PTX."""
+    dev = (EXAMPLES.parent / "scripts" / "dev").read_text()
+    assert re.search(r"^\s*example\)\s+exec python examples/main\.py ", dev, re.M), "scripts/dev example runs main.py"
+    rc, out = run_example("main.py", tmp_path)
+    assert rc == 0, out
+    import runpy
+    k = gemmc.compile(runpy.run_path(str(EXAMPLES / "main.py"))["linear_gelu"], schedule="heuristic", arch="sm_90a")
+    assert re.findall(r"^// ----- IR after (\S+) -----$", out, re.M) == list(k.passes), out
+    assert "// ----- IR (input) -----" in out and "gemm.gelu_tanh" in out
+    assert re.search(r"^// built in [\d.]+ s ", out, re.M), out
+    for needle in ("wgmma.mma_async", "cp.async.bulk.tensor", "setmaxnreg", "mbarrier"):
+        assert f"// PTX has {needle}: True" in out, out
+    assert "no GPU here" in out
 
 
 def test_residual_epilogue_shows_the_decision_the_explicit_schedule_and_the_refusal(tmp_path):
@@ -76,7 +95,7 @@ def test_search_simulate_prints_fractions_per_strategy_and_the_tune_command(tmp_
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["residual_epilogue.py", "aot_build.py"])
+@pytest.mark.parametrize("name", ["main.py", "residual_epilogue.py", "aot_build.py"])
 def test_examples_run_and_check_on_the_gpu(name, tmp_path):
     rc, out = run_example(name, tmp_path, hide_gpu=False, timeout=600)
     print(out)      # shown with -rP: the errors and what ran
