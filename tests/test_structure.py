@@ -18,6 +18,7 @@ Nothing in gemmc/choose imports gemmc/search, at any level, and an `auto` compil
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -207,3 +208,25 @@ def test_importing_each_choose_module_loads_no_search_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == []
+
+
+# ---- no run history in gemmc/ -----------------------------------------------------------------------------
+
+# A dated figure ("2026-11-30", a result file named by its date) or a session number in gemmc's source is run
+# history: it belongs in bench/results/ (bench/results/heuristic-rules.md keeps the heuristic's), and the code
+# keeps the rule and why. Files that still carry some are pinned here until their owner moves it (a stale
+# entry fails too): gemmc/schedule.py's persistent-grid comment cites a dated H200 measurement.
+RUN_HISTORY = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b|\bsession[ -]?\d+", re.I)
+KNOWN_RUN_HISTORY = {"gemmc/schedule.py"}
+
+
+def test_gemmc_carries_no_run_history():
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if RUN_HISTORY.search(line):
+                found.setdefault(str(path.relative_to(ROOT.parent)), []).append(f"{n}: {line.strip()}")
+    new = {f: lines for f, lines in found.items() if f not in KNOWN_RUN_HISTORY}
+    assert not new, "run history in gemmc/ (move it to bench/results/):\n" + "\n".join(
+        f"  {f}:{line}" for f, lines in new.items() for line in lines)
+    assert KNOWN_RUN_HISTORY <= set(found), f"no run history left in {sorted(KNOWN_RUN_HISTORY - set(found))}: unpin it"

@@ -184,7 +184,7 @@ def load_json(path) -> dict:
 
 def default_output_path(suite: str, gpu_name: Optional[str], host_timing: bool = False, root="bench/results",
                         date: Optional[str] = None) -> Path:
-    """bench/results/<date>-<gpu>-<suite>[-host].json, e.g. 2026-11-30-h200-llm.json."""
+    """bench/results/<date>-<gpu>-<suite>[-host].json, <date> as YYYY-MM-DD (the day the report is written)."""
     date = date or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
     gpu = (gpu_name or "cpu").lower().replace("nvidia", "")
     tag = re.sub(r"[^a-z0-9]+", "-", gpu).strip("-") or "gpu"
