@@ -42,8 +42,8 @@ class ArchLimits:
 
 
 ARCH_LIMITS = {
-    # H200 (132 SMs), cudaOccupancyMaxActiveClusters (cutlass.utils.HardwareInfo), 2026-11-30; a grid of
-    # 31 four-CTA clusters ran 1.7x slower than 30 (bench/results/2026-11-30-h200-cluster-grid.json)
+    # H200 (132 SMs): cudaOccupancyMaxActiveClusters (cutlass.utils.HardwareInfo) per cluster size; a grid past
+    # it waits for a second wave (the measurement: bench/results/, the H200 cluster-grid run)
     "sm_90a": ArchLimits("sm_90a", 227 * 1024, 65536, 1024, 16, True, 132,
                          max_active_clusters=((1, 132), (2, 66), (4, 30), (8, 15), (16, 7))),
     "sm_80": ArchLimits("sm_80", 163 * 1024, 65536, 1024, 1, False, 108),
