@@ -86,6 +86,10 @@ def heuristic_schedule(spec: GemmSpec, arch: str) -> Schedule:
     return feasible[0] if feasible else s
 
 
+# which of the table's measurements gave a cuBLAS verdict (PretunedTable.cublas_verdict's second value)
+_READ = {"checks": "the heuristic's picks", "entries": "tuned schedules"}
+
+
 def heuristic_decision(conc: Optional[GemmSpec], spec: GemmSpec, arch: str, table) -> Decision:
     """Step 5: the heuristic's schedule; for a plain GEMM on a GPU with a shipped table, torch.matmul when cuBLAS
     won at any of the nearest measured shapes (gemmc.choose.pretuned.PretunedTable.predicted_cublas_faster).
@@ -101,7 +105,7 @@ def heuristic_decision(conc: Optional[GemmSpec], spec: GemmSpec, arch: str, tabl
     if cublas_faster is None:
         return Decision(schedule, "heuristic", detail=f"no shape measured on {table.gpu} within "
                                                       f"{2 ** VERDICT_MAX_LOG2:g}x")
-    what = {"checks": "the heuristic's picks", "entries": "tuned schedules"}[read]
+    what = _READ[read]
     won = (f"cuBLAS won at one or more of the {VERDICT_NEIGHBOURS} nearest shapes measured" if cublas_faster
            else f"gemmc won at each of the nearest shapes measured (up to {VERDICT_NEIGHBOURS}, within "
                 f"{2 ** VERDICT_MAX_LOG2:g}x)")
@@ -145,7 +149,7 @@ def _other_layout_cublas_win(conc: Optional[GemmSpec], table) -> Optional[str]:
     cublas_faster, read = table.cublas_verdict(counterpart)
     if not cublas_faster:
         return None
-    what = {"checks": "the heuristic's picks", "entries": "tuned schedules"}[read]
+    what = _READ[read]
     return (f"no measurement in layouts {conc.a_layout}/{conc.b_layout}; cuBLAS won at one or more of the "
             f"{VERDICT_NEIGHBOURS} nearest shapes measured as A [M, K] @ B [N, K].T on {table.gpu} ({what})")
 

@@ -4,7 +4,8 @@ By default Inductor lowers a custom op to a fallback kernel: the generated wrapp
 torch.ops.gemmc.launch_linear, which goes through the dispatcher back into Python and allocates the output
 there. These lowerings make each call an extern kernel instead, as Inductor does for torch.mm: the wrapper
 allocates (or reuses) the output buffer and calls `extern_kernels.gemmc_linear_out(x2d, weight,
-activation, out=buf)` (or gemmc_linear_bias_out, gemmc_gemm_out), a plain Python function, so the per-call host cost is the launch itself.
+activation, out=buf)` (or gemmc_linear_bias_out, gemmc_gemm_out), a plain Python function, so the per-call
+host cost is the launch itself.
 
 They are registered the first time a kernel op is traced (ops.py's fake kernels call `register()`), so
 importing gemmc never imports Inductor. A lowering that cannot build its node (a torch whose Inductor

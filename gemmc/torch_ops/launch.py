@@ -91,8 +91,8 @@ def linear_out(x: torch.Tensor, weight: torch.Tensor, activation: str, *, out: t
     """act(x @ weight.T) into `out`; x [M, K] (Inductor flattened it), weight [N, K]."""
     if x.is_cuda:
         linear_into(x, weight, None, activation, out)
-    else:                       # CPU tensors (tests): the reference, as the kernel op's CPU kernel runs
-        out.copy_(_checked_reference_linear(x, weight, None, activation))
+    else:                       # CPU tensors (tests): what the kernel op's CPU kernel runs
+        out.copy_(linear_cpu(x, weight, None, activation))
 
 
 def linear_bias_out(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, activation: str, *,
@@ -101,7 +101,7 @@ def linear_bias_out(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, a
     if x.is_cuda:
         linear_into(x, weight, bias, activation, out)
     else:
-        out.copy_(_checked_reference_linear(x, weight, bias, activation))
+        out.copy_(linear_cpu(x, weight, bias, activation))
 
 
 def gemm_out(a: torch.Tensor, b: torch.Tensor, a_layout: str, b_layout: str, *, out: torch.Tensor) -> None:
@@ -109,13 +109,19 @@ def gemm_out(a: torch.Tensor, b: torch.Tensor, a_layout: str, b_layout: str, *, 
     if a.is_cuda:
         gemm_into(a, b, a_layout, b_layout, out)
     else:
-        check_gemm_call(a, b, a_layout, b_layout)
-        out.copy_(reference.gemm(a, b, a_layout, b_layout))
+        out.copy_(gemm_cpu(a, b, a_layout, b_layout))
 
 
-def _checked_reference_linear(x, weight, bias, activation):
+def linear_cpu(x, weight, bias, activation: str) -> torch.Tensor:
+    """The kernel op's CPU kernel: the call's checks, then the torch reference."""
     check_linear_call(x, weight, bias, activation)
     return reference.linear(x, weight, bias, activation)
+
+
+def gemm_cpu(a, b, a_layout: str, b_layout: str) -> torch.Tensor:
+    """The gemm kernel op's CPU kernel: the call's checks, then the torch reference."""
+    check_gemm_call(a, b, a_layout, b_layout)
+    return reference.gemm(a, b, a_layout, b_layout)
 
 
 def linear_into(x, weight, bias, activation: str, out: torch.Tensor) -> None:

@@ -10,17 +10,17 @@ cost several times the kernel call's own host time).
 The kernel ops: CUDA tensors run gemmc kernels (launch.py); CPU tensors run the torch reference
 (reference.py), so tests on a CPU host trace, compile and differentiate the same ops. Their fake kernels give
 the output's shape, dtype and (contiguous) strides, and refuse malformed calls with the same errors, at
-trace time. Inductor lowers them to direct calls of launch.py's out= entries (inductor.py). Called directly with tensors that need a gradient, a kernel op's result has no backward formula:
-call the public op.
+trace time. Inductor lowers them to direct calls of launch.py's out= entries (inductor.py). Called
+directly with tensors that need a gradient, a kernel op's result has no backward formula: call the public op.
 """
 from __future__ import annotations
 
 import torch
 from torch.library import Library, register_fake
 
-from . import inductor, reference
+from . import inductor
 from .checks import check_gemm_call, check_linear_call, gemm_dims
-from .launch import run_gemm, run_linear
+from .launch import gemm_cpu, linear_cpu, run_gemm, run_linear
 
 _LIB = Library("gemmc", "DEF")
 _TAGS = (torch.Tag.pt2_compliant_tag,)
@@ -34,20 +34,10 @@ LAUNCH_LINEAR = torch.ops.gemmc.launch_linear.default
 LAUNCH_GEMM = torch.ops.gemmc.launch_gemm.default
 
 
-def _linear_cpu(x, weight, bias, activation):
-    check_linear_call(x, weight, bias, activation)
-    return reference.linear(x, weight, bias, activation)
-
-
 def _linear_fake(x, weight, bias, activation):
     inductor.register()         # tracing: Inductor may lower this call next
     check_linear_call(x, weight, bias, activation)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-def _gemm_cpu(a, b, a_layout, b_layout):
-    check_gemm_call(a, b, a_layout, b_layout)
-    return reference.gemm(a, b, a_layout, b_layout)
 
 
 def _gemm_fake(a, b, a_layout, b_layout):
@@ -58,10 +48,10 @@ def _gemm_fake(a, b, a_layout, b_layout):
 
 
 _LIB.impl("launch_linear", run_linear, "CUDA")
-_LIB.impl("launch_linear", _linear_cpu, "CPU")
+_LIB.impl("launch_linear", linear_cpu, "CPU")
 register_fake("gemmc::launch_linear", _linear_fake, lib=_LIB)
 _LIB.impl("launch_gemm", run_gemm, "CUDA")
-_LIB.impl("launch_gemm", _gemm_cpu, "CPU")
+_LIB.impl("launch_gemm", gemm_cpu, "CPU")
 register_fake("gemmc::launch_gemm", _gemm_fake, lib=_LIB)
 
 
