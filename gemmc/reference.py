@@ -47,7 +47,8 @@ def make_inputs(spec: GemmSpec, m: int, n: int, k: int, batch: int = 1, device="
         return torch.randn(shape, device=device, dtype=torch.float32, generator=generator).to(dtype)
 
     a = randn(lead + ((m, k) if spec.a_layout == "mk" else (k, m)), dt)
-    b = randn(lead + ((n, k) if spec.b_layout == "nk" else (k, n)), dt)
+    b_rows = 2 * n if spec.gate is not None else n      # gated: [gate; up]
+    b = randn(lead + ((b_rows, k) if spec.b_layout == "nk" else (k, n)), dt)
     extra = []
     for i, inp in enumerate(spec.inputs):
         if inp.kind == "scalar":
@@ -145,9 +146,16 @@ def gemm_bound(ref, abs_product, k: int, out_dtype, acc_dtype=DType.f32):
     return output_bound(ref, accumulation_bound(abs_product, k, acc_dtype), out_dtype)
 
 
-def _evaluate(spec: GemmSpec, a, b, extra, with_bound: bool):
+def _unary(name: str):
+    """The torch function of a unary epilogue op."""
     import torch
     import torch.nn.functional as F
+    return {"relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "silu": F.silu,
+            "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu_erf": lambda x: F.gelu(x)}[name]
+
+
+def _evaluate(spec: GemmSpec, a, b, extra, with_bound: bool):
+    import torch
 
     with fp32_matmul():   # a true fp32 reference
         a32 = a.float() if spec.a_layout == "mk" else a.float().transpose(-2, -1)   # (.., M, K)
@@ -157,6 +165,8 @@ def _evaluate(spec: GemmSpec, a, b, extra, with_bound: bool):
     if with_bound:
         err_acc = accumulation_bound(err_acc, a32.shape[-1], spec.acc_dtype)
     del a32, b32
+    if spec.gate is not None:     # gate(A @ B[:N].T) * (A @ B[N:].T), its error propagated as the ops' are
+        acc, err_acc = _gated(spec.gate, acc, err_acc)
 
     values = {}
     for inp, x in zip(spec.inputs, extra):
@@ -182,10 +192,6 @@ def _evaluate(spec: GemmSpec, a, b, extra, with_bound: bool):
     def err_of(r):   # inputs and constants are exact in f32
         return err_acc if r.kind == "acc" else errs[int(r.value)] if r.kind == "node" else 0.0
 
-    unary = {
-        "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "silu": F.silu,
-        "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu_erf": lambda x: F.gelu(x),
-    }
     for op in spec.epilogue:
         x = get(op.args[0])
         if op.op in ("add", "sub", "mul", "div"):
@@ -198,7 +204,7 @@ def _evaluate(spec: GemmSpec, a, b, extra, with_bound: bool):
         elif op.op == "cast":
             r = x.to(torch_dtype(op.attr("dtype"))).float()
         else:
-            r = unary[op.op](x)
+            r = _unary(op.op)(x)
         if with_bound:
             errs.append(_propagate(op, x, get(op.args[1]) if len(op.args) > 1 else None, r,
                                    [err_of(a) for a in op.args]))
@@ -212,6 +218,19 @@ def _evaluate(spec: GemmSpec, a, b, extra, with_bound: bool):
         bound = output_bound(out, err, spec.out_dtype).nan_to_num_(nan=math.inf)   # NaN: no bound there
         bound = bound.expand_as(acc) if bound.shape != acc.shape else bound
     return (out.expand_as(acc) if out.shape != acc.shape else out), bound
+
+
+def _gated(gate: str, acc, err_acc):
+    """(gate(g) * u, its bound or None) from the [gate | up] accumulator columns and their bounds."""
+    from .spec import EpilogueOp, Ref
+    g, u = acc.chunk(2, dim=-1)
+    act = _unary(gate)(g)
+    out = act * u
+    if err_acc is None:
+        return out, None
+    eg, eu = err_acc.chunk(2, dim=-1)
+    e_act = _propagate(EpilogueOp(gate, (Ref.acc(),)), g, None, act, [eg])
+    return out, _propagate(EpilogueOp("mul", (Ref.node(0), Ref.acc())), act, u, out, [e_act, eu])
 
 
 def _propagate(op, x, y, r, in_errs):

@@ -217,7 +217,8 @@ def accumulator_regs(s: Schedule, spec: GemmSpec) -> int:
         threads = 128 if s.mode == "pingpong" else 128 * consumer_warpgroups(s)
     else:
         threads = threads_per_cta(s)
-    return math.ceil(bm * bn / threads / per_reg)
+    accumulators = 2 if spec.gate is not None else 1    # a gated tile holds its gate and up halves
+    return math.ceil(accumulators * bm * bn / threads / per_reg)
 
 
 def splits_n(s: Schedule) -> bool:
@@ -247,8 +248,10 @@ def kernel_grid(s: Schedule, m: int, n: int) -> tuple[int, int, int, int]:
 
 
 def ab_stage_bytes(s: Schedule, spec: GemmSpec) -> int:
+    """One ring stage: an A tile and a B tile (a gated GEMM loads a gate and an up tile of B)."""
     bm, bn, bk = s.tile
-    return (bm + bn) * bk * spec.dtype.bytes
+    b_tiles = 2 if spec.gate is not None else 1
+    return (bm + b_tiles * bn) * bk * spec.dtype.bytes
 
 
 FIXUP_MAX_SPLITS = 2
@@ -437,6 +440,9 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
                     "and stream-K sum f32 partials: use acc_dtype='f32', or split_k >= 3 (a reduce kernel) "
                     "without swap_ab")
 
+    if spec.gate is not None:
+        v += gate_violations(s)
+
     # registers
     acc = accumulator_regs(s, spec)
     budget = CONSUMER_REGS if sm90 else SM80_MAX_REGS
@@ -470,6 +476,27 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
 
     v += launch_violations(s, spec)
     v += alignment_violations(spec)
+    return v
+
+
+def gate_violations(s: Schedule) -> list[Violation]:
+    """A gated GEMM's kernel: two accumulators of the output tile (gate and up) per consumer, combined in
+    registers before the store, so nothing may split, transpose or re-sum the tile."""
+    if s.arch != "sm_90a":
+        return [Violation("gate (sm_80)", s.arch, "gated GEMMs are built for sm_90a only: compile for sm_90a, "
+                          "or run the plain [gate; up] GEMM and gate in torch")]
+    # field -> (set here?, the value a gated schedule takes)
+    unsupported = {"swap_ab": (s.swap_ab is True, False), "split_k": (_is_int(s.split_k) and s.split_k > 1, 1),
+                   "stream_k": (s.stream_k is True, False)}
+    got = [f"{k}={getattr(s, k)!r}" for k, (on, _) in unsupported.items() if on]
+    v = []
+    if got:
+        use = " and ".join(f"{k}={plain!r}" for k, (on, plain) in unsupported.items() if on)
+        v.append(Violation("gated GEMM", ", ".join(got), "its kernel gates each output tile in registers, which "
+                           f"the swapped store and split-K partials do not: use {use}"))
+    if _is_sizes(s.tile, 3) and s.mode == "cooperative" and s.tile[0] == 192:
+        v.append(Violation("gated GEMM tile M", 192, "a 192-row tile splits its columns between the consumer "
+                           "warpgroups: use a 128- or 256-row tile"))
     return v
 
 

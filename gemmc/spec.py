@@ -4,6 +4,8 @@ Operands are passed in the storage shape their layout names, contiguous in the l
   a_layout "mk": A is M x K        "km": A is K x M   (computes A.T @ ...)
   b_layout "nk": B is N x K (a @ b.T, the nn.Linear weight)   "kn": B is K x N (a @ b)
   C / the output is M x N, row-major. With `batch`, every operand gets a leading L dim.
+With `gate` (a gated linear unit, e.g. SwiGLU), B is [gate; up] stacked, 2N x K ("nk"): the kernel computes
+  gate(A @ B[:N].T) * (A @ B[N:].T), and the epilogue reads that product as its accumulator.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ BINARY_OPS = ("add", "sub", "mul", "div")
 UNARY_OPS = ("relu", "gelu_tanh", "gelu_erf", "silu", "sigmoid", "tanh", "clamp", "cast")
 EPILOGUE_OPS = BINARY_OPS + UNARY_OPS
 REF_KINDS = ("acc", "input", "const", "node")
+# gate activations of a gated GEMM (GLU family: SwiGLU is silu, GeGLU gelu_erf / gelu_tanh, ReGLU relu, GLU sigmoid)
+GATE_ACTIVATIONS = ("silu", "gelu_erf", "gelu_tanh", "relu", "sigmoid")
 
 
 def _dtype_hint(dtype: DType) -> str:
@@ -146,6 +150,7 @@ class GemmSpec:
     inputs: tuple[EpilogueInput, ...] = ()
     epilogue: tuple[EpilogueOp, ...] = ()
     name: str = "gemm"
+    gate: str | None = None            # a GATE_ACTIVATIONS name: B is [gate; up] (2N x K), see the module doc
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
@@ -174,7 +179,31 @@ class GemmSpec:
             raise SpecError(f"b_layout={self.b_layout!r}; use 'nk' (B is N x K, a @ b.T) or 'kn' (B is K x N, a @ b)")
         if not _IDENT.match(self.name):
             raise SpecError(f"name {self.name!r} must be an identifier")
+        self._check_gate()
         self._check_epilogue()
+
+    def _check_gate(self):
+        if self.gate is None:
+            return
+        if self.gate not in GATE_ACTIVATIONS:
+            raise SpecError(f"gate={self.gate!r}: use one of {GATE_ACTIVATIONS} (the activation applied to the "
+                            "gate half), or gate=None for a plain GEMM")
+        # field -> (what it is, what a gated GEMM needs)
+        wrong = [f"{what} (use {need})" for what, ok, need in (
+            (f"a_layout={self.a_layout!r}", self.a_layout == "mk", "'mk'"),
+            (f"b_layout={self.b_layout!r}", self.b_layout == "nk", "'nk': B is [gate; up], 2N x K"),
+            (f"batch={self.batch!r}", self.batch is None, "batch=None"),
+            (f"n={self.n!r}", isinstance(self.n, int), "a static N: the up rows start at row N of B"),
+            (f"acc_dtype={self.acc_dtype.value!r}", self.acc_dtype == DType.f32, "'f32'"),
+        ) if not ok]
+        if wrong:
+            raise SpecError(f"gate={self.gate!r}: a gated GEMM is built for an nn.Linear-style problem; got "
+                            + ", ".join(wrong))
+
+    @property
+    def b_rows(self) -> Dim:
+        """B's N extent in storage: 2N for a gated GEMM ([gate; up]), else N."""
+        return 2 * self.n if self.gate is not None else self.n
 
     def _check_epilogue(self):
         names = [i.name for i in self.inputs]
@@ -238,13 +267,13 @@ class GemmSpec:
 
     @property
     def has_epilogue(self) -> bool:
-        return bool(self.epilogue) or self.out_dtype != self.dtype
+        return bool(self.epilogue) or self.out_dtype != self.dtype or self.gate is not None
 
     def flops(self, m: int | None = None, n: int | None = None, k: int | None = None, batch: int = 1) -> float:
         dims = [m if m is not None else self.m, n if n is not None else self.n, k if k is not None else self.k]
         if not all(isinstance(d, int) for d in dims):
             raise SpecError("flops() needs concrete m, n, k for symbolic dims")
-        return 2.0 * math.prod(dims) * batch
+        return 2.0 * math.prod(dims) * batch * (2 if self.gate is not None else 1)
 
     def with_dims(self, **dims) -> "GemmSpec":
         from dataclasses import replace

@@ -45,13 +45,15 @@ def assert_within_bf16_tolerance(got, torch_bf16, fp32):
 
 
 def count_gemmc_calls(monkeypatch):
+    """Every call of gemmc's Linear op and of its gated op (a fused MLP's [gate; up] layer), by weight shape."""
     calls = []
-    real = gto.linear
+    for name in ("linear", "gated_linear"):
+        real = getattr(gto, name)
 
-    def counted(*args, **kwargs):
-        calls.append(args[1].shape)
-        return real(*args, **kwargs)
-    monkeypatch.setattr(gto, "linear", counted)
+        def counted(*args, _real=real, **kwargs):
+            calls.append(args[1].shape)
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(gto, name, counted)
     return calls
 
 

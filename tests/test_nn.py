@@ -470,13 +470,19 @@ def test_prepare_prepares_each_shared_kernel_once(monkeypatch):
 
 
 def test_prepare_includes_gated_mlps_and_shows_progress_on_request(monkeypatch, capsys):
-    prepared = []
+    prepared, gated = [], []
     monkeypatch.setattr(gto, "prepare_linear", lambda *a, **kw: prepared.append(a[:2]))
+    monkeypatch.setattr(gto, "prepare_gated", lambda *a, **kw: gated.append((a[0], a[1], a[3], a[4])))
     model = nn.ModuleDict({"mlp": ToyMLP(dtype=torch.bfloat16)})
     gnn.swap_linears(model, fuse_mlp=True, allow_cpu=True)
     summary = gnn.prepare(model, [8], progress=True)
-    assert sorted(prepared) == [(16, 24), (48, 16)] and not summary.training
+    # inference: the MLP's gated kernel (N = 24 outputs over K = 16) and down_proj; not the [gate; up] Linear
+    assert prepared == [(16, 24)] and gated == [(24, 16, "silu", [8])] and not summary.training
     assert "gemmc.nn.prepare" in capsys.readouterr().err
+    # training: the [gate; up] Linear and down_proj, forward and backward
+    prepared.clear(), gated.clear()
+    summary = gnn.prepare(model, [8], training=True, progress=False)
+    assert sorted(prepared) == [(16, 24), (48, 16)] and gated == [] and summary.training
 
 
 @pytest.mark.parametrize("bad", [[], [0], [2, -1], [1.5], "16", [True]])

@@ -64,7 +64,12 @@ per input element, split-K factor S, batch L, P the SM count (`num_sms`, default
      next kernel launch late and skips the L2 prefetch; `MID_BAND_SWAPS` (unpaired, 128-row: half the CTAs,
      in the early band).
 
-The measurements behind steps 7-10, the split-K note of step 6 and WAVE_TILE_MAX_M (shapes, ratios, the
+11. Gated GEMMs on sm_90a (`spec.gate`, N >= 8192 outputs, K >= 2048), before everything: `GATED_PICKS`, the
+   H200 sweep's best tile per M band at Llama-3-8B's gate/up (N 14336, K 4096). The model (which prices a gated
+   tile as the plain tile of twice its N) picks elsewhere. Up to GATED_UNFUSED_MAX_M rows the torch op runs
+   the plain [gate; up] GEMM and gates after it: the swapped decode kernels beat any gated tile there.
+
+The measurements behind steps 7-11, the split-K note of step 6 and WAVE_TILE_MAX_M (shapes, ratios, the
 result files they come from) are in bench/results/heuristic-rules.md.
 
 Symbolic dims take `m_hint` (else 4096), `n_hint`/`k_hint` (else 4096), batch 1. The constants are
@@ -114,6 +119,20 @@ SHORT_TAIL_FRACTION = 4      # a second wave of at most 1/4 of the SMs' CTAs is 
 # a grid in the PDL middle band (`pdl_trigger_bands`), M <= 8 and M <= 16 (steps 7 and 8):
 MID_BAND_SWAPS = (Schedule(tile=(128, 8, 128), mode="cooperative", swap_ab=True),
                   Schedule(tile=(128, 16, 128), mode="cooperative", swap_ab=True))
+
+
+# step 11: (largest M, schedule), in M order; the last band has no bound
+GATED_PICKS = (
+    (64, Schedule(tile=(64, 112, 128), cluster=(1, 2), mode="pingpong")),
+    (128, Schedule(tile=(64, 128, 64), cluster=(2, 1), mode="pingpong")),
+    (256, Schedule(tile=(128, 112, 64), cluster=(2, 1))),
+    (4096, Schedule(tile=(64, 160, 64), cluster=(2, 1), mode="pingpong")),
+    (None, Schedule(tile=(256, 64, 64), cluster=(1, 2), swizzle=8)),
+)
+GATED_MIN_N, GATED_MIN_K = 8192, 2048
+# Up to this many rows a gated Linear runs unfused: the [gate; up] GEMM (whose swapped decode kernels, steps
+# 7-9, a gated kernel cannot use) and the gating after it (gemmc.torch_ops.gated_linear)
+GATED_UNFUSED_MAX_M = 16
 
 
 @dataclass(frozen=True)
@@ -202,7 +221,12 @@ def _panel_traffic(tm, tn, bm, bn, k_bytes, wave, raster, swizzle) -> float:
 
 def estimate(s: Schedule, spec: GemmSpec, num_sms: int | None = None, m_hint: int | None = None,
              n_hint: int | None = None, k_hint: int | None = None) -> Estimate:
-    """The model of the module docstring for one (valid) schedule."""
+    """The model of the module docstring for one (valid) schedule. A gated GEMM's tile (BM, BN) loads and
+    multiplies what the plain tile (BM, 2 BN) does on the [gate; up] problem of 2N columns: it is modeled so."""
+    if spec.gate is not None:
+        bm, bn, bk = s.tile
+        return estimate(replace(s, tile=(bm, 2 * bn, bk)), replace(spec, gate=None, n=2 * spec.n),
+                        num_sms, m_hint, None if n_hint is None else 2 * n_hint, k_hint)
     mach = MACHINES[s.arch]
     P = num_sms or ARCH_LIMITS[s.arch].num_sms
     L, M, N, K = problem_dims(spec, m_hint, n_hint, k_hint)
@@ -379,13 +403,27 @@ def wide_batch_schedule(spec: GemmSpec, arch: str = "sm_90a", m_hint: int | None
     return _avoid_slow_grids(WIDE_BATCH_SWAP, spec, m, n, num_sms)
 
 
+def gated_schedule(spec: GemmSpec, arch: str = "sm_90a", m_hint: int | None = None, n_hint: int | None = None,
+                   k_hint: int | None = None) -> Schedule | None:
+    """Step 11's pick for a gated GEMM where it applies and the predicate accepts it, else None."""
+    if spec.gate is None or as_arch(arch) != "sm_90a":
+        return None
+    _, m, n, k = problem_dims(spec, m_hint, n_hint, k_hint)
+    if n < GATED_MIN_N or k < GATED_MIN_K:
+        return None
+    pick = next(s for bound, s in GATED_PICKS if bound is None or m <= bound)
+    return None if check_schedule(pick, spec) else pick
+
+
 def choose_schedule(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = None, m_hint: int | None = None,
                     n_hint: int | None = None, k_hint: int | None = None,
                     space: ScheduleSpace | None = None) -> Schedule:
     """The best-scoring valid schedule; ScheduleError (with the default schedule's violations) if none is.
-    Decode and small-batch shapes on sm_90a take the measured swap_ab rules first (docstring, steps 8, 7, 9, 10)."""
+    Decode and small-batch shapes on sm_90a take the measured swap_ab rules first (docstring, steps 8, 7, 9, 10),
+    gated GEMMs step 11's."""
     if space is None:           # the rules are for the standard space; a caller's own space is searched as given
-        rule = (batch_schedule(spec, arch, num_sms=num_sms, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint)
+        rule = (gated_schedule(spec, arch, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint)
+                or batch_schedule(spec, arch, num_sms=num_sms, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint)
                 or decode_schedule(spec, arch, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint, num_sms=num_sms)
                 or wide_batch_schedule(spec, arch, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint, num_sms=num_sms))
         if rule is not None:

@@ -64,9 +64,9 @@ class PretunedTable:
     checks: dict = field(default_factory=dict)   # (m, n, k) -> PretunedEntry: the heuristic's pick, measured
 
     def covers(self, spec: GemmSpec) -> bool:
-        """Is `spec` of the problem class the table was measured on?"""
+        """Is `spec` of the problem class the table was measured on (ungated GEMMs)?"""
         return (str(spec.dtype) == "bf16" and str(spec.out_dtype) == "bf16" and str(spec.acc_dtype) == "f32"
-                and spec.a_layout == "mk" and spec.b_layout == "nk" and spec.batch is None
+                and spec.a_layout == "mk" and spec.b_layout == "nk" and spec.batch is None and spec.gate is None
                 and all(isinstance(d, int) for d in (spec.m, spec.n, spec.k)))
 
     def lookup(self, spec: GemmSpec, usable: Callable[[PretunedEntry], bool] = lambda e: True

@@ -74,8 +74,8 @@ def epilogue_class(spec: GemmSpec) -> str:
     """'plain' for a bare GEMM (cuBLAS computes the same thing), else the ops plus a digest of the DAG."""
     if not spec.has_epilogue:
         return "plain"
-    ops = "+".join(op.op for op in spec.epilogue) or "cast"
-    body = repr((spec.inputs, spec.epilogue, str(spec.out_dtype)))
+    ops = "+".join(([f"gate_{spec.gate}"] if spec.gate else []) + [op.op for op in spec.epilogue]) or "cast"
+    body = repr((spec.inputs, spec.epilogue, str(spec.out_dtype)) + ((spec.gate,) if spec.gate else ()))
     return f"{ops}:{hashlib.blake2b(body.encode(), digest_size=4).hexdigest()}"
 
 

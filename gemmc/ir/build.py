@@ -21,7 +21,8 @@ def operand_types(spec: GemmSpec) -> dict[str, TensorType]:
     m, n, k = spec.m, spec.n, spec.k
     types = {
         "a": TensorType.make(lead + ((m, k) if spec.a_layout == "mk" else (k, m)), spec.dtype, spec.a_layout),
-        "b": TensorType.make(lead + ((n, k) if spec.b_layout == "nk" else (k, n)), spec.dtype, spec.b_layout),
+        "b": TensorType.make(lead + ((spec.b_rows, k) if spec.b_layout == "nk" else (k, n)), spec.dtype,
+                             spec.b_layout),
         "out": TensorType.make(lead + (m, n), spec.out_dtype, "mn"),
     }
     for i in spec.inputs:
@@ -71,7 +72,7 @@ def spec_to_module(spec: GemmSpec, schedule: Schedule | None = None) -> ModuleOp
     args = {name: ArgOp(name, t) for name, t in types.items() if name != "out"}
     matmul = MatmulOp(spec.name, args["a"].result, args["b"].result, [args[i.name].result for i in spec.inputs],
                       types["out"], spec.acc_dtype.value, epilogue_region(spec),
-                      ScheduleAttr.from_schedule(schedule) if schedule is not None else None)
+                      ScheduleAttr.from_schedule(schedule) if schedule is not None else None, spec.gate)
     module = ModuleOp([*args.values(), matmul])
     module.verify()
     return module
@@ -122,11 +123,12 @@ def _input_names_for(block: Block) -> list[str]:
 def spec_of(op: MatmulOp | KernelGemmOp) -> GemmSpec:
     a, b, out = op.a.type, op.b.type, op.out.type
     m, k = a.dims[-2:] if a.layout.data == "mk" else a.dims[-2:][::-1]
-    n = b.dims[-2] if b.layout.data == "nk" else b.dims[-1]
+    n = out.dims[-1]
     inputs = tuple(EpilogueInput(arg_name(x), x.type.layout.data, x.type.element) for x in op.inputs)
     return GemmSpec(m=m, n=n, k=k, dtype=a.element, out_dtype=out.element, acc_dtype=op.acc_dtype.data,
                     a_layout=a.layout.data, b_layout=b.layout.data, batch=a.batch, inputs=inputs,
-                    epilogue=_epilogue_ops(op.epilogue_region), name=op.kernel_name.data)
+                    epilogue=_epilogue_ops(op.epilogue_region), name=op.kernel_name.data,
+                    gate=op.gate.data if op.gate is not None else None)
 
 
 def schedule_of(op: MatmulOp | KernelGemmOp) -> Schedule | None:

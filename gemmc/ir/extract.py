@@ -27,7 +27,7 @@ def plan_from_module(module: ModuleOp) -> KernelPlan:
     spec = spec_of(kernel)
     problem = ProblemInfo(m=spec.m, n=spec.n, k=spec.k, batch=spec.batch, a_dtype=spec.dtype, b_dtype=spec.dtype,
                           out_dtype=spec.out_dtype, acc_dtype=spec.acc_dtype, a_major=spec.a_major,
-                          b_major=spec.b_major, name=spec.name)
+                          b_major=spec.b_major, name=spec.name, gate=spec.gate)
     # asked for in pass order, so the error names the first pass that has not run
     mma, cluster = need(MmaOp), need(ClusterOp)
     store = kernel.epilogue_op.store

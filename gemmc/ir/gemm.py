@@ -13,6 +13,8 @@
 
 The epilogue region has one f32 block argument for the accumulator, then one per epilogue input
 (the input's value broadcast to the current element). Epilogue math is f32; `gemm.cast` rounds.
+A gated GEMM (`acc f32 gate silu -> ...`) has B = [gate; up] (2N x K) and hands the epilogue
+silu(A @ gate.T) * (A @ up.T) as its accumulator.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from xdsl.printer import Printer
 from xdsl.traits import IsTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from ..spec import BINARY_OPS, INPUT_KINDS, OUTPUT_DTYPES
+from ..spec import BINARY_OPS, GATE_ACTIVATIONS, INPUT_KINDS, OUTPUT_DTYPES
 from ..types import ACC_DTYPES, DType
 from .attrs import ScheduleAttr, TensorType
 
@@ -358,11 +360,14 @@ class GemmSignature(IRDLOperation):
     out = result_def(TensorType)
     kernel_name = prop_def(StringAttr)
     acc_dtype = prop_def(StringAttr)
+    gate = opt_prop_def(StringAttr)        # a gated GEMM's gate activation (B is [gate; up])
 
     def __init__(self, name: str, a: SSAValue, b: SSAValue, inputs, out_type: TensorType, acc_dtype: str,
-                 region: Region, properties: dict):
+                 region: Region, properties: dict, gate: str | None = None):
         """`properties` are the op's own, after the signature's; `region` is its one region."""
         props = {"kernel_name": StringAttr(name), "acc_dtype": StringAttr(str(acc_dtype)), **properties}
+        if gate is not None:
+            props["gate"] = StringAttr(gate)
         super().__init__(operands=[a, b, list(inputs)], result_types=[out_type], properties=props,
                          regions=[region])
         self.out.name_hint = "out"
@@ -381,6 +386,15 @@ class GemmSignature(IRDLOperation):
         if a.dtype.data != b.dtype.data:
             raise VerifyException(f"{where}: A is {a.dtype.data} but B is {b.dtype.data}: the tensor cores have no "
                                   "mixed MMA; give A and B the same element type")
+        if self.gate is not None:
+            if self.gate.data not in GATE_ACTIVATIONS:
+                raise VerifyException(f"{where}: gate {self.gate.data!r}; use one of {GATE_ACTIVATIONS}")
+            if (a.layout.data, b.layout.data) != ("mk", "nk") or a.batch is not None:
+                raise VerifyException(f"{where}: a gated GEMM takes an unbatched mk A and an nk B ([gate; up])")
+            if not (isinstance(on, int) and bn == 2 * on):
+                raise VerifyException(f"{where}: a gated GEMM's B is [gate; up], 2N x K, for an output of N "
+                                      f"columns: B has {bn} rows, the output {on} columns (N must be static)")
+            bn = on
         if (am, bn) != (om, on):
             raise VerifyException(f"{where}: A x B is {am} x {bn} but the output is {om} x {on}")
         if not (a.batch == b.batch == out.batch):
@@ -423,12 +437,16 @@ class GemmSignature(IRDLOperation):
             printer.print_string(" inputs")
             with printer.in_parens():
                 printer.print_list(self.inputs, printer.print_operand)
-        printer.print_string(f" acc {self.acc_dtype.data} -> ")
+        printer.print_string(f" acc {self.acc_dtype.data}")
+        if self.gate is not None:
+            printer.print_string(f" gate {self.gate.data}")
+        printer.print_string(" -> ")
         printer.print_attribute(self.out.type)
 
     @staticmethod
     def parse_signature(parser: Parser) -> tuple:
-        """(name, a, b, inputs, out_type, acc_dtype): the leading arguments of the op's constructor."""
+        """((name, a, b, inputs, out_type, acc_dtype), gate): the leading arguments of the op's constructor,
+        and its gate activation (None: not gated)."""
         name = parser.parse_symbol_name().data
         a, b = parser.parse_comma_separated_list(parser.Delimiter.PAREN, lambda: parse_defined_operand(parser))
         inputs = []
@@ -436,9 +454,10 @@ class GemmSignature(IRDLOperation):
             inputs = parser.parse_comma_separated_list(parser.Delimiter.PAREN, lambda: parse_defined_operand(parser))
         parser.parse_keyword("acc")
         acc = parser.parse_identifier("accumulator dtype")
+        gate = parser.parse_identifier("gate activation") if parser.parse_optional_keyword("gate") else None
         parser.parse_punctuation("->")
         out = parser.parse_type()
-        return name, a, b, inputs, out, acc
+        return (name, a, b, inputs, out, acc), gate
 
 
 @irdl_op_definition
@@ -449,9 +468,9 @@ class MatmulOp(GemmSignature):
     epilogue = region_def("single_block")
 
     def __init__(self, name: str, a: SSAValue, b: SSAValue, inputs, out_type: TensorType, acc_dtype: str,
-                 epilogue: Region, schedule: ScheduleAttr | None = None):
+                 epilogue: Region, schedule: ScheduleAttr | None = None, gate: str | None = None):
         super().__init__(name, a, b, inputs, out_type, acc_dtype, epilogue,
-                         {} if schedule is None else {"schedule": schedule})
+                         {} if schedule is None else {"schedule": schedule}, gate)
 
     def verify_(self) -> None:
         self.signature_verify("gemm.matmul")
@@ -464,10 +483,10 @@ class MatmulOp(GemmSignature):
 
     @classmethod
     def parse(cls, parser: Parser) -> "MatmulOp":
-        signature = cls.parse_signature(parser)
+        signature, gate = cls.parse_signature(parser)
         schedule = parser.parse_attribute() if parser.parse_optional_keyword("schedule") else None
         parser.parse_keyword("epilogue")
-        return cls(*signature, parser.parse_region(), schedule)
+        return cls(*signature, parser.parse_region(), schedule, gate)
 
 
 def identity_epilogue(num_inputs: int) -> Region:

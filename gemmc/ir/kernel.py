@@ -349,9 +349,10 @@ class KernelGemmOp(GemmSignature):
     MODES: ClassVar[tuple] = ("cooperative", "pingpong", "multistage")
 
     def __init__(self, name: str, a: SSAValue, b: SSAValue, inputs, out_type: TensorType, acc_dtype: str,
-                 arch: str, tile, mode: str, threads: int, schedule: ScheduleAttr, body: Region | None = None):
+                 arch: str, tile, mode: str, threads: int, schedule: ScheduleAttr, body: Region | None = None,
+                 gate: str | None = None):
         props = {**self.header_props(arch, tile, mode, threads), "schedule": schedule}
-        super().__init__(name, a, b, inputs, out_type, acc_dtype, body or Region(Block()), props)
+        super().__init__(name, a, b, inputs, out_type, acc_dtype, body or Region(Block()), props, gate)
 
     @staticmethod
     def header_props(arch: str, tile, mode: str, threads: int) -> dict:
@@ -444,7 +445,7 @@ class KernelGemmOp(GemmSignature):
 
     @classmethod
     def parse(cls, parser: Parser) -> "KernelGemmOp":
-        signature = cls.parse_signature(parser)
+        signature, gate = cls.parse_signature(parser)
         parser.parse_keyword("arch")
         arch = parse_word(parser, "arch")
         parser.parse_keyword("tile")
@@ -455,7 +456,7 @@ class KernelGemmOp(GemmSignature):
         threads = parser.parse_integer(allow_boolean=False)
         parser.parse_keyword("schedule")
         schedule = parser.parse_attribute()
-        return cls(*signature, arch, tile, mode, threads, schedule, parser.parse_region())
+        return cls(*signature, arch, tile, mode, threads, schedule, parser.parse_region(), gate)
 
 
 Kernel = Dialect("kernel", [KernelGemmOp, WarpGroupOp, MmaOp, ClusterOp, CopyOp, PipelineOp, TileSchedulerOp,

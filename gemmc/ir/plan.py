@@ -28,6 +28,7 @@ class ProblemInfo:                      # from the gemm-level op (the spec)
     a_major: str                        # "k" | "m"
     b_major: str                        # "k" | "n"
     name: str = "gemm"
+    gate: Optional[str] = None          # a gated GEMM's gate activation: B is [gate; up], 2N x K
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """`gemmc.nn.GatedMLP`: a Llama-style MLP, down(act(gate(x)) * up(x)), whose gate and up projections run as
-ONE gemmc GEMM over a fused [gate; up] weight, with the original model's state_dict keys."""
+ONE gemmc kernel over a fused [gate; up] weight, the gating in its epilogue, with the original model's
+state_dict keys."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -7,11 +8,13 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+import gemmc.torch_ops as gto
+
 from ..errors import SpecError
 from .linear import Linear, torch_activation
 
 # The gate activations a gated MLP may use: the gemmc activation names whose torch functions we compare against.
-GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")
+GATE_ACTIVATIONS = gto.GATES
 _GATE = {name: torch_activation(name) for name in GATE_ACTIVATIONS}
 
 
@@ -117,15 +120,29 @@ class GatedMLP(nn.Module):
         fused.train(mlp.training)
         return fused
 
+    @property
+    def gated_kernel_args(self) -> tuple | None:
+        """(N, K, dtype, gate) of the gated kernel the forward runs (gemmc.torch_ops.gated_kernel), or None
+        where it runs the [gate; up] Linear and gates in torch: a bias, or a layer on torch's path."""
+        lin = self.gate_up_proj
+        if lin.bias is not None or lin.fallback_reason is not None:
+            return None
+        return self.intermediate_size, self.hidden_size, lin.weight.dtype, self.activation
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The gating runs in torch after the fused GEMM: a gated epilogue inside the kernel is a new kernel
-        # variant, deferred until the SM90 kernel is rewritten.
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        lin = self.gate_up_proj
+        w = lin.gemmc_weight(x)
+        if w is not None and lin._parameters["bias"] is None:
+            # one kernel, the gate in its epilogue (with a gradient needed, the Linear and torch's gating)
+            return self.down_proj(gto.gated_linear(x, w, self.activation))
+        gate, up = lin(x).split(self.intermediate_size, dim=-1)
         return self.down_proj(_GATE[self.activation](gate) * up)
 
     def extra_repr(self) -> str:
+        where = ("in the gated kernel's epilogue" if self.gated_kernel_args is not None
+                 else "in torch after the fused gate/up GEMM")
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
-                f"activation={self.activation!r} (applied in torch after the fused gate/up GEMM)")
+                f"activation={self.activation!r} (applied {where})")
 
 
 def _split_gate_up(module: GatedMLP, state_dict, prefix: str, local_metadata) -> None:

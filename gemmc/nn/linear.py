@@ -155,6 +155,14 @@ class Linear(nn.Linear):
         """(N, K, dtype, has_bias, activation): the key of gemmc.torch_ops' shared kernel registry."""
         return (self.out_features, self.in_features, self.weight.dtype, self.bias is not None, self._activation)
 
+    def gemmc_weight(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The weight, when this layer's forward on `x` runs gemmc (else None): GatedMLP asks before it runs
+        the gated kernel over this layer's [gate; up] weight."""
+        w = self._parameters["weight"]
+        if w.dtype is not self._route_dtype:
+            self._refresh_route()
+        return w if self._runs_gemmc and x.dtype is w.dtype else None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         p = self._parameters            # not self.weight: nn.Module.__getattr__ costs host time on every call
         w, b = p["weight"], p["bias"]

@@ -13,6 +13,7 @@ from tqdm import tqdm
 import gemmc.torch_ops as gto
 
 from ..errors import SpecError
+from .gated_mlp import GatedMLP
 from .linear import Linear
 from .swap import KernelKey
 
@@ -44,8 +45,9 @@ class PrepareSummary:
 
 def prepare(model: nn.Module, batch_sizes: Iterable[int], training: bool = False,
             progress: bool | None = None) -> PrepareSummary:
-    """For every gemmc layer of `model` (gemmc.nn.Linear, including those inside a GatedMLP) that runs gemmc,
-    build and load the kernels a call with each of `batch_sizes` rows runs (gemmc.torch_ops.prepare_linear),
+    """For every gemmc layer of `model` (gemmc.nn.Linear, and a GatedMLP's gated kernel) that runs gemmc,
+    build and load the kernels a call with each of `batch_sizes` rows runs (gemmc.torch_ops.prepare_linear,
+    prepare_gated; with training=True a GatedMLP runs its [gate; up] Linear, prepared as one),
     so a later CUDA-graph capture (torch.compile mode="reduce-overhead", or torch.cuda.graph) finds them ready.
 
     A row count is M, the tokens in one call: for decode at batch b, M = b; for a prefill of b sequences of
@@ -54,8 +56,13 @@ def prepare(model: nn.Module, batch_sizes: Iterable[int], training: bool = False
     progress: True / False forces the progress bar on / off; None shows it when there is much to build."""
     row_counts = _row_counts(batch_sizes)
     summary = PrepareSummary(row_counts=row_counts, training=training)
+    gated_layers = set()      # inference: a GatedMLP's [gate; up] Linear runs inside its gated kernel
     for name, module in model.named_modules():
-        if not isinstance(module, Linear):
+        if not training and isinstance(module, GatedMLP) and module.gated_kernel_args is not None:
+            n, k, dtype, gate = module.gated_kernel_args
+            summary.kernels.setdefault(KernelKey(n, k, dtype, False, "none", gate), []).append(name)
+            gated_layers.add(id(module.gate_up_proj))
+        if not isinstance(module, Linear) or id(module) in gated_layers:
             continue
         reason = module.fallback_reason
         if reason is not None:
@@ -72,8 +79,11 @@ def prepare(model: nn.Module, batch_sizes: Iterable[int], training: bool = False
         show = progress
     start = time.perf_counter()
     for key in tqdm(list(summary.kernels), desc="gemmc.nn.prepare", unit="kernel", disable=_disabled(show)):
-        summary.built[key] = gto.prepare_linear(key.n, key.k, key.dtype, key.bias, key.activation, row_counts,
-                                                training=training)
+        if key.gate is not None:
+            summary.built[key] = gto.prepare_gated(key.n, key.k, key.dtype, key.gate, row_counts)
+        else:
+            summary.built[key] = gto.prepare_linear(key.n, key.k, key.dtype, key.bias, key.activation, row_counts,
+                                                    training=training)
     summary.seconds = time.perf_counter() - start
     return summary
 

@@ -22,14 +22,18 @@ LayerFilter = Union[str, Sequence[str], Callable[[str, nn.Module], bool], None]
 
 
 class KernelKey(NamedTuple):
-    """What one shared gemmc kernel serves: gemmc.torch_ops.linear_kernel(n, k, dtype, bias, activation)."""
+    """What one shared gemmc kernel serves: gemmc.torch_ops.linear_kernel(n, k, dtype, bias, activation), or
+    with `gate`, the gated kernel gemmc.torch_ops.gated_kernel(n, k, dtype, gate) (n: its output columns)."""
     n: int
     k: int
     dtype: torch.dtype
     bias: bool
     activation: str
+    gate: str | None = None
 
     def __str__(self) -> str:
+        if self.gate is not None:
+            return f"N={self.n} K={self.k} {str(self.dtype).removeprefix('torch.')} gate={self.gate} (gated)"
         return (f"N={self.n} K={self.k} {str(self.dtype).removeprefix('torch.')} bias={self.bias} "
                 f"activation={self.activation}")
 
@@ -46,6 +50,8 @@ class SwapReport:
 
     def kernel(self, key: KernelKey):
         """The shared gemmc CompiledGemm that serves `key`'s layers (from gemmc.torch_ops' registry)."""
+        if key.gate is not None:
+            return gto.gated_kernel(key.n, key.k, key.dtype, key.gate)
         return gto.linear_kernel(key.n, key.k, key.dtype, key.bias, key.activation)
 
     def __str__(self) -> str:
@@ -85,6 +91,9 @@ def swap_linears(model: nn.Module, *, include: LayerFilter = None, exclude: Laye
             if mlp is not None:
                 replacements[id(module)] = (module, mlp)
                 fused_layers.add(id(mlp.gate_up_proj))
+                if mlp.gated_kernel_args is not None:
+                    n, k, dtype, gate = mlp.gated_kernel_args
+                    report.kernels.setdefault(KernelKey(n, k, dtype, False, "none", gate), []).append(name)
         _replace_children(model, replacements)
     replacements = {}
     unused = {id(m.out_proj) for m in model.modules() if isinstance(m, nn.MultiheadAttention)}

@@ -3,6 +3,7 @@
     import gemmc.torch_ops as gto
     y = gto.linear(x, weight, bias, activation="gelu")    # == F.gelu(F.linear(x, weight, bias)), one kernel
     c = gto.gemm(a, b, a_layout="km", b_layout="kn")       # a.T @ b, in gemmc's storage layouts
+    h = gto.gated_linear(x, w_gate_up, gate="silu")        # SwiGLU: silu(x @ w[:N].T) * (x @ w[N:].T), one kernel
     gto.unsupported_reason(weight, bias, "gelu")           # None, or why gemmc cannot run this Linear
     gto.prepare_linear(n, k, torch.bfloat16, True, "gelu", [1, 16], training=True)   # before a graph capture
 
@@ -19,12 +20,13 @@ summation order, a rounding step or two (the fused epilogue rounds once where to
 `tolerance.error_bound` is that bound; tests/test_torch_ops_autograd.py (CPU reference) and
 tests/test_gpu_torch_ops.py (gemmc kernels) check it.
 """
-from .activations import ACTIVATIONS
-from .checks import unsupported_reason
-from .functional import gemm, linear
-from .kernels import gemm_kernel, linear_kernel, prepare_linear
+from .activations import ACTIVATIONS, GATES
+from .checks import gated_unsupported_reason, unsupported_reason
+from .functional import gated_linear, gemm, linear
+from .kernels import gated_kernel, gemm_kernel, linear_kernel, prepare_gated, prepare_linear
 from . import autograd as _autograd
 
 _autograd.register()
 
-__all__ = ["ACTIVATIONS", "gemm", "gemm_kernel", "linear", "linear_kernel", "prepare_linear", "unsupported_reason"]
+__all__ = ["ACTIVATIONS", "GATES", "gated_kernel", "gated_linear", "gated_unsupported_reason", "gemm", "gemm_kernel",
+           "linear", "linear_kernel", "prepare_gated", "prepare_linear", "unsupported_reason"]

@@ -13,6 +13,9 @@ ACTIVATIONS = ("none", "relu", "gelu", "gelu_tanh", "silu")
 # the gemmc epilogue op (gemmc.spec.UNARY_OPS) of each activation; "none" has none
 EPILOGUE_OP = {"none": None, "relu": "relu", "gelu": "gelu_erf", "gelu_tanh": "gelu_tanh", "silu": "silu"}
 
+# the gate activations of a gated Linear (gemmc.torch_ops.gated_linear: SwiGLU is "silu", GeGLU "gelu")
+GATES = ("silu", "gelu", "gelu_tanh", "relu")
+
 # activations whose derivative needs the pre-activation z (relu's needs only the output's sign)
 NEEDS_PREACTIVATION = frozenset(("gelu", "gelu_tanh", "silu"))
 

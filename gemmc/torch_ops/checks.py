@@ -9,7 +9,7 @@ import torch
 
 from ..alignment import ALIGN_BYTES as _ALIGN_BYTES
 from ..errors import LaunchError, SpecError
-from .activations import ACTIVATIONS
+from .activations import ACTIVATIONS, GATES
 
 _GEMMC_DTYPES = (torch.bfloat16, torch.float16)
 _LAYOUTS = {"a_layout": ("mk", "km"), "b_layout": ("nk", "kn")}
@@ -147,3 +147,34 @@ def check_gemm_call(a, b, a_layout, b_layout, cause: Exception | None = None) ->
     if found is not None:
         cls, problem = found
         raise cls(f"gemmc::gemm: {problem}") from cause
+
+
+def gated_unsupported_reason(weight, gate: str, x_dtype=None) -> str | None:
+    """Why gemmc cannot run gated_linear with this [gate; up] weight [2N, K], else None (as unsupported_reason)."""
+    if gate not in GATES:
+        return f"gate {gate!r} is not one of {GATES}"
+    if isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.shape[0] % 2:
+        return (f"weight has {weight.shape[0]} rows; a gated Linear's weight is [gate; up], 2N x K, an even "
+                "number of rows")
+    reason = unsupported_reason(weight, None, "none", x_dtype)
+    if reason is not None:
+        return reason
+    n, align = weight.shape[0] // 2, _ALIGN_BYTES // weight.element_size()
+    if n % align:
+        return (f"the output's N = {n} (half the [gate; up] weight's rows) is not a multiple of {align} "
+                f"({_ALIGN_BYTES} bytes of {weight.dtype}), which its rows need for gemmc's vector stores: pad the "
+                f"gate and up projections to a multiple of {align} outputs each, or keep torch's path")
+    return None
+
+
+def check_gated_call(x, weight, gate, cause: Exception | None = None) -> None:
+    """Raise the op's clear error for a malformed gemmc::gated_linear call; return if nothing is wrong."""
+    if gate not in GATES:
+        raise SpecError(f"gemmc::gated_linear: gate {gate!r} is not one of {GATES}") from cause
+    problem = linear_call_problem(x, weight, None, "none")
+    if problem is None and weight.shape[0] % 2:
+        problem = gated_unsupported_reason(weight, gate)
+    if problem is None and weight.device.type == "cuda":
+        problem = gated_unsupported_reason(weight, gate)
+    if problem is not None:
+        raise LaunchError(f"gemmc::gated_linear: {problem}") from cause

@@ -1,4 +1,4 @@
-"""The Python entry points: gemmc.torch_ops.linear and gemmc.torch_ops.gemm.
+"""The Python entry points: gemmc.torch_ops.linear, gemm and gated_linear.
 
 Both call the registered ops (ops.py) wherever torch must see them: under torch.compile, make_fx or any other
 tracing, on CPU tensors, and where autograd needs gradients. An eager call on plain CUDA tensors that needs no
@@ -16,12 +16,13 @@ import math
 import torch
 
 from .activations import NEEDS_PREACTIVATION, TORCH_FORWARD
-from .checks import check_gemm_call, check_linear_call
-from .launch import run_gemm, run_linear
+from .checks import check_gated_call, check_gemm_call, check_linear_call
+from .launch import run_gated, run_gemm, run_linear
 from . import ops  # noqa: F401  (defines torch.ops.gemmc.*)
 
 _LINEAR = torch.ops.gemmc.linear.default
 _GEMM = torch.ops.gemmc.gemm.default
+_GATED = torch.ops.gemmc.gated_linear.default
 _Tensor = torch.Tensor
 _torch_linear = torch.nn.functional.linear
 
@@ -89,3 +90,18 @@ def gemm(a: torch.Tensor, b: torch.Tensor, a_layout: str = "mk", b_layout: str =
     if not grad and _direct(a):
         return run_gemm(a, b, a_layout, b_layout)
     return _GEMM(a, b, a_layout, b_layout)
+
+
+def gated_linear(x: torch.Tensor, weight: torch.Tensor, gate: str = "silu") -> torch.Tensor:
+    """gate(x @ weight[:N].T) * (x @ weight[N:].T) with one gemmc kernel (SwiGLU for gate "silu", GeGLU for
+    "gelu"): x [..., K], weight [2N, K], the gate projection's rows stacked over the up projection's.
+    Where a gradient is needed, and for decode-sized calls (up to gemmc.choose.heuristic.GATED_UNFUSED_MAX_M
+    rows, where the plain GEMM's swapped kernels are faster), the [gate; up] Linear and torch's gating."""
+    try:
+        grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    except AttributeError:      # not tensors
+        check_gated_call(x, weight, gate)
+        raise
+    if not grad and _direct(x):
+        return run_gated(x, weight, gate)
+    return _GATED(x, weight, gate)

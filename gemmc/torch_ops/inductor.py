@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from .launch import gemm_out, linear_bias_out, linear_out
+from .launch import gated_out, gemm_out, linear_bias_out, linear_out
 
 _LOCK = threading.Lock()
 _REGISTERED = False
@@ -42,11 +42,12 @@ def register() -> None:
         except Exception:       # no Inductor in this torch: nothing to lower
             return
         for name, fn in (("gemmc_linear_out", linear_out), ("gemmc_linear_bias_out", linear_bias_out),
-                         ("gemmc_gemm_out", gemm_out)):
+                         ("gemmc_gemm_out", gemm_out), ("gemmc_gated_linear_out", gated_out)):
             if not hasattr(extern_kernels, name):
                 setattr(extern_kernels, name, fn)
         _register_linear(L, ir)
         _register_gemm(L, ir)
+        _register_gated(L, ir)
 
 
 def _fallback(L, op, args):
@@ -97,3 +98,24 @@ def _register_gemm(L, ir) -> None:
             return ir.TensorBox.create(node)
         except Exception:
             return _fallback(L, op, (a, b, a_layout, b_layout))
+
+
+def _register_gated(L, ir) -> None:
+    op = torch.ops.gemmc.launch_gated_linear.default
+
+    @L.register_lowering(op, type_promotion_kind=None)
+    def lower_gated(x, weight, gate):
+        try:
+            sizes = list(x.get_size())
+            k = sizes[-1]
+            n = weight.get_size()[0] // 2
+            rows = math.prod(sizes[:-1]) if len(sizes) > 1 else 1
+            x2 = L.view(x, [rows, k]) if len(sizes) != 2 else x
+            inputs = [ir.ExternKernel.require_contiguous(t) for t in (x2, weight)]
+            layout = ir.FixedLayout(x.get_device(), x.get_dtype(), [rows, n])
+            node = ir.ExternKernelOut(layout=layout, inputs=inputs, constant_args=(gate,),
+                                      python_kernel_name="extern_kernels.gemmc_gated_linear_out")
+            out = ir.TensorBox.create(node)
+            return L.view(out, [*sizes[:-1], n]) if len(sizes) != 2 else out
+        except Exception:
+            return _fallback(L, op, (x, weight, gate))

@@ -6,6 +6,7 @@ kernel serves every batch size:
   linear kernels: act(x @ weight.T + bias), M (rows of x) symbolic; `auto` picks a schedule per M bucket.
   gemm kernels:   an "mk" A ([M, K]) has M symbolic and K static; a "km" A ([K, M], e.g. the dZ of a weight
                   gradient, reduced over tokens) has K symbolic and M static. N is static.
+  gated kernels:  gate(x @ weight[:N].T) * (x @ weight[N:].T) over a [gate; up] weight [2N, K], M symbolic.
 Compiling (IR and passes) runs on the CPU; the .so of each M bucket is built on its first call, or ahead
 of time by `prepare_linear` (CompiledGemm.prepare).
 """
@@ -17,12 +18,13 @@ from typing import Iterable
 from ..errors import SpecError
 from ..spec import EpilogueInput, EpilogueOp, GemmSpec, Ref
 from ..types import INPUT_DTYPES, as_arch, as_dtype
-from .activations import ACTIVATIONS, EPILOGUE_OP, NEEDS_PREACTIVATION
+from .activations import ACTIVATIONS, EPILOGUE_OP, GATES, NEEDS_PREACTIVATION
 
 # The call path's lookups (arch=None keys only), filled on a miss by linear_kernel / gemm_kernel:
 # (n, k, dtype as given, has_bias, activation) -> kernel, and (a_layout, b_layout, dtype as given, a_cols, n).
 LINEAR_KERNELS: dict[tuple, object] = {}
 GEMM_KERNELS: dict[tuple, object] = {}
+GATED_KERNELS: dict[tuple, object] = {}      # (n, k, dtype as given, gate) -> kernel
 
 _LOCK = threading.Lock()
 _COMPILED: dict[tuple, "_Slot"] = {}     # (GemmSpec, arch) -> its one compile
@@ -104,6 +106,29 @@ def gemm_spec(a_layout: str, b_layout: str, a_cols: int, n: int, dtype) -> GemmS
     return GemmSpec(m=m, n=n, k=k, dtype=d, a_layout=a_layout, b_layout=b_layout, name=f"gemm_{a_layout}_{b_layout}")
 
 
+def gated_spec(n: int, k: int, dtype, gate: str) -> GemmSpec:
+    """gate(x @ weight[:n].T) * (x @ weight[n:].T) with M symbolic: weight [2n, k] is [gate; up]."""
+    if gate not in GATES:
+        raise SpecError(f"gate {gate!r} is not one of {GATES}; pass one of those, or run the [gate; up] Linear "
+                        "and gate its output yourself")
+    d = _input_dtype(dtype, "gated kernel")
+    n, k = _positive(n, "gated kernel: N (outputs, half the weight's rows)"), _positive(k, "gated kernel: K")
+    return GemmSpec(m="M", n=n, k=k, dtype=d, a_layout="mk", b_layout="nk", gate=EPILOGUE_OP[gate],
+                    name=f"gated_{gate}")
+
+
+def gated_kernel(n: int, k: int, dtype, gate: str, arch=None):
+    """The shared gemmc kernel of a gated Linear (see gated_spec), called k(x2d, weight) -> [M, n]."""
+    fast = arch is None
+    key = (n, k, dtype, gate)
+    kern = GATED_KERNELS.get(key) if fast else None
+    if kern is None:
+        kern = compiled(gated_spec(n, k, dtype, gate), _arch(arch))
+        if fast:
+            GATED_KERNELS[key] = kern
+    return kern
+
+
 def _arch(arch) -> str:
     return default_arch() if arch is None else as_arch(arch)
 
@@ -165,3 +190,13 @@ def prepare_linear(n: int, k: int, dtype, has_bias: bool, activation: str, ms: I
         prepare = getattr(kern, "prepare", None)     # a CublasOnlyGemm has nothing to build
         done.append((kern, prepare(rows) if prepare is not None else [(m, "torch.matmul") for m in rows]))
     return done
+
+
+def prepare_gated(n: int, k: int, dtype, gate: str, ms: Iterable[int]) -> list:
+    """Build (and, where a GPU is visible, load) the gated kernel (gated_kernel) at each row count in `ms`, as
+    prepare_linear does for a Linear. Returns [(kernel, [(M, what runs it)])]."""
+    ms = list(ms)
+    if not ms or not all(isinstance(m, int) and not isinstance(m, bool) and m > 0 for m in ms):
+        raise SpecError(f"prepare_gated: ms must be a non-empty list of positive ints (rows per call), got {ms!r}")
+    kern = gated_kernel(n, k, dtype, gate)
+    return [(kern, kern.prepare(ms))]

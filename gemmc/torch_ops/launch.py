@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import torch
 
+from ..choose.heuristic import GATED_UNFUSED_MAX_M
 from ..compiler import CublasRoute
 from ..errors import LaunchError
 from . import reference
-from .checks import check_gemm_call, check_linear_call, gemm_dims
-from .kernels import GEMM_KERNELS, LINEAR_KERNELS, gemm_kernel, linear_kernel
+from .activations import TORCH_FORWARD
+from .checks import check_gated_call, check_gemm_call, check_linear_call, gemm_dims
+from .kernels import GATED_KERNELS, GEMM_KERNELS, LINEAR_KERNELS, gated_kernel, gemm_kernel, linear_kernel
 
 _torch_linear = torch.nn.functional.linear
 _MALFORMED = (ValueError, IndexError, AttributeError, TypeError)   # what a key built from a bad call raises
@@ -59,6 +61,37 @@ def run_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         except LaunchError as refused:
             check_linear_call(x, weight, bias, activation, cause=refused)
             raise
+    return y.view(*x.shape[:-1], n) if flat else y
+
+
+def run_gated(x: torch.Tensor, weight: torch.Tensor, gate: str) -> torch.Tensor:
+    """gate(x @ weight[:N].T) * (x @ weight[N:].T) on CUDA tensors with the shared gated kernel; x [..., K],
+    weight [2N, K] ([gate; up])."""
+    try:
+        rows2, k = weight.shape
+        kern = GATED_KERNELS.get((rows2 // 2, k, weight.dtype, gate))
+        known = kern is not None and x.shape[-1] == k
+    except _MALFORMED:
+        known = False
+    if not known:
+        check_gated_call(x, weight, gate)
+        rows2, k = weight.shape
+        if not (rows2 and k and x.numel()):
+            return reference.gated(x, weight, gate)
+        kern = gated_kernel(rows2 // 2, k, weight.dtype, gate)
+    n = rows2 // 2
+    flat = x.dim() != 2
+    if not x.numel():
+        return reference.gated(x, weight, gate)
+    if x.numel() <= GATED_UNFUSED_MAX_M * k:      # decode: the [gate; up] GEMM's swapped kernels, then the gate
+        g, u = run_linear(x, weight, None, "none").chunk(2, dim=-1)
+        return TORCH_FORWARD[gate](g) * u
+    x2 = _dense(x.reshape(-1, k) if flat else x)
+    try:
+        y = kern.runner_for(x2.shape[0])(x2, _dense(weight))
+    except LaunchError as refused:
+        check_gated_call(x, weight, gate, cause=refused)
+        raise
     return y.view(*x.shape[:-1], n) if flat else y
 
 
@@ -110,6 +143,28 @@ def gemm_out(a: torch.Tensor, b: torch.Tensor, a_layout: str, b_layout: str, *, 
         gemm_into(a, b, a_layout, b_layout, out)
     else:
         out.copy_(gemm_cpu(a, b, a_layout, b_layout))
+
+
+def gated_out(x: torch.Tensor, weight: torch.Tensor, gate: str, *, out: torch.Tensor) -> None:
+    """gate(x @ weight[:N].T) * (x @ weight[N:].T) into `out` ([M, N]); x [M, K], weight [2N, K]."""
+    if not x.is_cuda:
+        out.copy_(gated_cpu(x, weight, gate))
+        return
+    rows2, k = weight.shape
+    kern = GATED_KERNELS.get((rows2 // 2, k, weight.dtype, gate))
+    if kern is None or x.dim() != 2 or x.shape[1] != k or not GATED_UNFUSED_MAX_M < x.shape[0]:
+        out.copy_(run_gated(x, weight, gate))
+        return
+    try:
+        kern.runner_for(x.shape[0])(_dense(x), _dense(weight), out=out)
+    except LaunchError:
+        out.copy_(run_gated(x, weight, gate))
+
+
+def gated_cpu(x, weight, gate: str) -> torch.Tensor:
+    """The gated kernel op's CPU kernel: the call's checks, then the torch reference."""
+    check_gated_call(x, weight, gate)
+    return reference.gated(x, weight, gate)
 
 
 def linear_cpu(x, weight, bias, activation: str) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The ops torch.ops.gemmc.linear and torch.ops.gemmc.gemm, and the kernel ops they run.
+"""The ops torch.ops.gemmc.linear, gemm and gated_linear, and the kernel ops they run.
 
 Each public op is a CompositeImplicitAutograd kernel over one kernel op (torch.ops.gemmc.launch_linear,
 torch.ops.gemmc.launch_gemm): where a gradient is needed it runs the kernel op inside an autograd.Function
@@ -19,8 +19,9 @@ import torch
 from torch.library import Library, register_fake
 
 from . import inductor
-from .checks import check_gemm_call, check_linear_call, gemm_dims
-from .launch import gemm_cpu, linear_cpu, run_gemm, run_linear
+from .activations import TORCH_FORWARD
+from .checks import check_gated_call, check_gemm_call, check_linear_call, gemm_dims
+from .launch import gated_cpu, gemm_cpu, linear_cpu, run_gated, run_gemm, run_linear
 
 _LIB = Library("gemmc", "DEF")
 _TAGS = (torch.Tag.pt2_compliant_tag,)
@@ -29,9 +30,12 @@ _LIB.define("linear(Tensor x, Tensor weight, Tensor? bias, str activation) -> Te
 _LIB.define("launch_linear(Tensor x, Tensor weight, Tensor? bias, str activation) -> Tensor", tags=_TAGS)
 _LIB.define("gemm(Tensor a, Tensor b, str a_layout, str b_layout) -> Tensor", tags=_TAGS)
 _LIB.define("launch_gemm(Tensor a, Tensor b, str a_layout, str b_layout) -> Tensor", tags=_TAGS)
+_LIB.define("gated_linear(Tensor x, Tensor weight, str gate) -> Tensor", tags=_TAGS)
+_LIB.define("launch_gated_linear(Tensor x, Tensor weight, str gate) -> Tensor", tags=_TAGS)
 
 LAUNCH_LINEAR = torch.ops.gemmc.launch_linear.default
 LAUNCH_GEMM = torch.ops.gemmc.launch_gemm.default
+LAUNCH_GATED = torch.ops.gemmc.launch_gated_linear.default
 
 
 def _linear_fake(x, weight, bias, activation):
@@ -47,12 +51,21 @@ def _gemm_fake(a, b, a_layout, b_layout):
     return a.new_empty((m, n))
 
 
+def _gated_fake(x, weight, gate):
+    inductor.register()
+    check_gated_call(x, weight, gate)
+    return x.new_empty((*x.shape[:-1], weight.shape[0] // 2))
+
+
 _LIB.impl("launch_linear", run_linear, "CUDA")
 _LIB.impl("launch_linear", linear_cpu, "CPU")
 register_fake("gemmc::launch_linear", _linear_fake, lib=_LIB)
 _LIB.impl("launch_gemm", run_gemm, "CUDA")
 _LIB.impl("launch_gemm", gemm_cpu, "CPU")
 register_fake("gemmc::launch_gemm", _gemm_fake, lib=_LIB)
+_LIB.impl("launch_gated_linear", run_gated, "CUDA")
+_LIB.impl("launch_gated_linear", gated_cpu, "CPU")
+register_fake("gemmc::launch_gated_linear", _gated_fake, lib=_LIB)
 
 
 def define_public_ops(linear_with_grad, gemm_with_grad) -> None:
@@ -74,5 +87,15 @@ def define_public_ops(linear_with_grad, gemm_with_grad) -> None:
             return gemm_with_grad(a, b, a_layout, b_layout)
         return LAUNCH_GEMM(a, b, a_layout, b_layout)
 
+    def gated_linear(x, weight, gate):
+        """gate(x @ weight[:N].T) * (x @ weight[N:].T): x [..., K], weight [2N, K] ([gate; up]); a contiguous
+        [..., N] tensor. With a gradient needed: the [gate; up] Linear (gemmc::linear, its backward gemmc's)
+        and torch's gating, so autograd saves the pre-activations instead of recomputing a GEMM."""
+        if grad_enabled() and (x.requires_grad or weight.requires_grad):
+            g, u = torch.ops.gemmc.linear(x, weight, None, "none").chunk(2, dim=-1)
+            return TORCH_FORWARD[gate](g) * u
+        return LAUNCH_GATED(x, weight, gate)
+
     _LIB.impl("linear", linear, "CompositeImplicitAutograd")
     _LIB.impl("gemm", gemm, "CompositeImplicitAutograd")
+    _LIB.impl("gated_linear", gated_linear, "CompositeImplicitAutograd")

@@ -33,3 +33,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, a_layout: str, b_layout: str) -> torc
     acc = _acc_dtype(a.dtype)
     a_mk, b_kn = logical(a, b, a_layout, b_layout)
     return torch.matmul(a_mk.to(acc), b_kn.to(acc)).to(a.dtype).contiguous()
+
+
+def gated(x: torch.Tensor, weight: torch.Tensor, gate: str) -> torch.Tensor:
+    """gate(x @ weight[:N].T) * (x @ weight[N:].T) in x's dtype; weight [2N, K] is [gate; up]."""
+    acc = _acc_dtype(x.dtype)
+    g, u = F.linear(x.to(acc), weight.to(acc)).chunk(2, dim=-1)
+    return (TORCH_FORWARD[gate](g) * u).to(x.dtype)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ...errors import BuildError
 from ...ir.plan import KernelPlan
+from ...spec import EpilogueOp, Ref
 from ...types import DType
 from .. import GRID_YZ_MAX, EmittedKernel, Param
 from ..common import (check_input_names, dsl_type, epilogue_math_lines, input_kernel_args, input_value_expr,
@@ -63,6 +64,11 @@ def _check(plan: KernelPlan) -> None:
     for inp in plan.epilogue.inputs:
         if inp.kind != "scalar" and inp.dtype not in (DType.bf16, DType.f16, DType.f32):
             raise BuildError(f"epilogue input {inp.name} has dtype {inp.dtype}")
+    if p.gate is not None and (plan.swap_ab or plan.scheduler.split_k > 1 or plan.scheduler.split_k_mode != "none"
+                               or plan.mma.atom_layout[1] != 1):
+        raise BuildError("a gated SM90 plan gates whole tiles in registers: it needs swap_ab off, no split-K or "
+                         f"stream-K, and the warpgroups along M (got swap_ab={plan.swap_ab}, split_k_mode "
+                         f"{plan.scheduler.split_k_mode!r}, MMA atoms {plan.mma.atom_layout})")
 
 
 def params_of(plan: KernelPlan) -> tuple[Param, ...]:
@@ -70,7 +76,8 @@ def params_of(plan: KernelPlan) -> tuple[Param, ...]:
     p = plan.problem
     lead = (p.batch,) if p.batch is not None else ()
     a_shape = (p.m, p.k) if p.a_major == "k" else (p.k, p.m)
-    b_shape = (p.n, p.k) if p.b_major == "k" else (p.k, p.n)
+    b_rows = 2 * p.n if p.gate is not None else p.n     # gated: B is [gate; up]
+    b_shape = (b_rows, p.k) if p.b_major == "k" else (p.k, p.n)
     out = [Param("a", "tensor", p.a_dtype, lead + a_shape, role="a"),
            Param("b", "tensor", p.b_dtype, lead + b_shape, role="b"),
            # the serial split-K reduce kernel's grid y extent is the batch (the persistent grid has no such limit)
@@ -154,13 +161,16 @@ def emit(plan: KernelPlan) -> EmittedKernel:
     params = params_of(plan)
     entry = f"{p.name}_sm90"
     parts = [_header(plan), _facts(plan, inputs, staged, reduce_kernel)]
+    if p.gate is not None:
+        parts.append(_gate_function(p.gate))
     if main_ops:
         parts.append(_epilogue_dag(main_ops, inputs, staged, plan.swap_ab))
     if reduce_kernel:
         parts += _reduce(ops, inputs, plan)
     parts.append("# the kernel modules, built from the facts above\n"
                  "KERNEL = Sm90Gemm(KernelFacts.from_namespace(globals()), "
-                 f"{'epilogue_dag' if main_ops else 'None'}, {'reduce_partials' if reduce_kernel else 'None'})")
+                 f"{'epilogue_dag' if main_ops else 'None'}, {'reduce_partials' if reduce_kernel else 'None'}"
+                 + (", gate_function" if p.gate is not None else "") + ")")
     parts.append(_entry(plan, params, inputs, entry))
     source = "\n\n\n".join(parts) + "\n"
     check_input_names(source, plan.epilogue.inputs, params, "SM90")
@@ -242,6 +252,7 @@ def _facts(plan: KernelPlan, inputs, staged, reduce_kernel: bool) -> str:
         ("B_EVICT_FIRST", cb.l2_evict_first, "tma-cluster-layout: B loads likewise"),
         ("SWAP_AB", swap, "schedule swap_ab: the kernel's A is b, its B is a; out is stored transposed"),
         ("BATCHED", p.batch is not None, "problem: a batch dim L"),
+        ("GATED", p.gate is not None, "problem: gate = " + repr(p.gate) + " (B is [gate; up]: two accumulators)"),
     ]
     lines = ["# ---- kernel-IR facts (KernelPlan); the kernel modules read only these ----------------------"]
     lines += [_constant(name, value, why) for name, value, why in rows]
@@ -280,6 +291,15 @@ def _epilogue_dag(ops, inputs, staged, swap: bool) -> str:
             '    inputs: the epilogue inputs\' views and scalars, in order; staged: the smem sub-tiles of the\n'
             '    TMA-loaded ones, read at the element\'s place (lm, ln) in the sub-tile."""\n'
             + "\n".join("    " + ln for ln in body))
+
+
+def _gate_function(gate: str) -> str:
+    """A gated GEMM's combine of its two accumulators, gate(g) * u, in f32 (what the epilogue DAG reads as acc)."""
+    ops = (EpilogueOp(gate, (Ref.acc(),)), EpilogueOp("mul", (Ref.node(0), Ref.input("up"))))
+    math_lines, result = epilogue_math_lines(ops, "g", {"up": "u"}, prefix="gate")
+    return ('def gate_function(g, u):\n'
+            f'    """{gate}(g) * u: one element of the gate and up accumulators, f32."""\n'
+            + "\n".join("    " + ln for ln in math_lines + [f"return {result}"]))
 
 
 def _reduce(ops, inputs, plan: KernelPlan) -> list[str]:

@@ -52,10 +52,14 @@ class Consumer:
         return read_state, release_state
 
     @cute.jit
-    def mma_tile(self, ab_pipeline, read_state, release_state, k_count, tiled_mma, accumulators, tCrA, tCrB):
+    def mma_tile(self, ab_pipeline, read_state, release_state, k_count, tiled_mma, accumulators, up_accumulators,
+                 tCrA, tCrB):
         """The WGMMA main loop of one tile: wait for a full stage, MMA over its k-blocks, release the previous
-        stage."""
+        stage. Gated: the stage's gate tile (smem stage 2s) into `accumulators`, its up tile (2s + 1) into
+        `up_accumulators`."""
         accumulators.fill(0.0)
+        if cutlass.const_expr(self.GATED):
+            up_accumulators.fill(0.0)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.fence()
         num_k_blocks = cute.size(tCrA, mode=[2])
@@ -63,8 +67,14 @@ class Consumer:
             ab_pipeline.consumer_wait(read_state)
             warpgroup.fence()   # order this batch after the previous one's register use
             for kb in cutlass.range_constexpr(num_k_blocks):
-                cute.gemm(tiled_mma, accumulators, tCrA[(None, None, kb, read_state.index)],
-                          tCrB[(None, None, kb, read_state.index)], accumulators)
+                if cutlass.const_expr(self.GATED):
+                    cute.gemm(tiled_mma, accumulators, tCrA[(None, None, kb, read_state.index)],
+                              tCrB[(None, None, kb, 2 * read_state.index)], accumulators)
+                    cute.gemm(tiled_mma, up_accumulators, tCrA[(None, None, kb, read_state.index)],
+                              tCrB[(None, None, kb, 2 * read_state.index + 1)], up_accumulators)
+                else:
+                    cute.gemm(tiled_mma, accumulators, tCrA[(None, None, kb, read_state.index)],
+                              tCrB[(None, None, kb, read_state.index)], accumulators)
             warpgroup.commit_group()
             # keep one WGMMA batch in flight; the stage it read before is now free
             warpgroup.wait_group(1)
@@ -78,9 +88,16 @@ class Consumer:
             release_state.advance()
         return read_state, release_state
 
+    def gate_accumulators(self, accumulators, up_accumulators):
+        """Gated: accumulators <- gate_function(gate, up), element by element in f32 (straight-line code, as the
+        epilogue DAG's)."""
+        for ei in range(cute.size(accumulators)):
+            accumulators[ei] = self.gate_function(cutlass.Float32(accumulators[ei]),
+                                                  cutlass.Float32(up_accumulators[ei]))
+
     @cute.jit
-    def consume(self, ab_pipeline, walk, thread, storage, tiled_mma, accumulators, thr_mma_c, tCrA, tCrB, gC, cC_mnl,
-                sC, c_args, out_mnl, scratch, inputs, staged, num_m, num_n):
+    def consume(self, ab_pipeline, walk, thread, storage, tiled_mma, accumulators, up_accumulators, thr_mma_c, tCrA,
+                tCrB, gC, cC_mnl, sC, c_args, out_mnl, scratch, inputs, staged, num_m, num_n):
         """The consumer warpgroups' loop over this CTA's work. thread: (index in the consumer group, warp,
         warpgroup, consumer warpgroup)."""
         consumer_tidx, warp_idx, warp_group_idx, consumer_wg = thread
@@ -120,12 +137,14 @@ class Consumer:
             if cutlass.const_expr(self.PINGPONG):
                 turns[0].arrive_and_wait()
             read_state, release_state = self.mma_tile(ab_pipeline, read_state, release_state, work.k_count,
-                                                      tiled_mma, accumulators, tCrA, tCrB)
+                                                      tiled_mma, accumulators, up_accumulators, tCrA, tCrB)
             if cutlass.const_expr(self.PINGPONG):
                 turns[1].arrive()
                 # skip the stages of the other warpgroup's next tile
                 position = position + walk.step
                 read_state, release_state = self.skip_stages(position, walk, read_state, release_state)
+            if cutlass.const_expr(self.GATED):
+                self.gate_accumulators(accumulators, up_accumulators)
             is_last = True
             if cutlass.const_expr(self.FIXUP):
                 is_last = self.split_k_fixup(work, walk, fix, group, scratch, accumulators)

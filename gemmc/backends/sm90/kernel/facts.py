@@ -70,6 +70,7 @@ class KernelFacts:
     B_EVICT_FIRST: bool
     SWAP_AB: bool
     BATCHED: bool
+    GATED: bool                     # B is [gate; up]: two accumulators per tile, combined by gate_function
     EPILOGUE_INPUTS: tuple          # EpilogueInput, in the plan's order (none staged when a reduce kernel applies them)
 
     @classmethod

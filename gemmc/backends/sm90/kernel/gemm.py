@@ -12,6 +12,9 @@ on the stream, and it waits on the grid dependency before it loads into shared m
 end, its producer lets the next kernel launch (PDL_EARLY_CTAS and PDL_FULL_CTAS say when).
 Swapped A and B (SWAP_AB): the kernel computes out^T = b @ a^T; the entry hands it b as A, a as B, and it
 views out transposed.
+Gated (GATED): B is [gate; up] (2N x K), viewed as (N, K, 2); each stage holds a gate and an up tile of B
+(smem stages 2s and 2s + 1), the consumers run one WGMMA chain into each of two accumulators, and
+gate_function(gate, up) combines them in registers before the epilogue.
 """
 from __future__ import annotations
 
@@ -36,9 +39,10 @@ def smem_layout(atom_kind, dtype, shape_2d, stages, major_is_k):
 
 
 class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
-    def __init__(self, facts: KernelFacts, epilogue_dag=None, reduce_partials=None):
+    def __init__(self, facts: KernelFacts, epilogue_dag=None, reduce_partials=None, gate_function=None):
         """epilogue_dag: the generated f32 function of one accumulator element (None: a plain store and cast);
-        reduce_partials: the generated host function launching the split-K reduce kernel (REDUCE_KERNEL)."""
+        reduce_partials: the generated host function launching the split-K reduce kernel (REDUCE_KERNEL);
+        gate_function: a gated kernel's f32 combine of one gate and one up accumulator element (GATED)."""
         # the facts, and what they imply (KernelFacts' properties), as attributes the role modules read
         for name in dir(facts):
             if name.isupper():
@@ -46,8 +50,16 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         self.facts = facts
         self.epilogue_dag = epilogue_dag
         self.reduce_partials = reduce_partials
+        self.gate_function = gate_function
 
     # ==== host ===================================================================================
+    def gated_view(self, b):
+        """A gated kernel's B, [gate; up] of 2N x K, as (N, K, 2): the gate rows at l = 0, the up rows at l = 1."""
+        n = cute.size(b, mode=[0]) // 2
+        row = b.layout.stride[0]
+        return cute.make_tensor(b.iterator, cute.make_layout((n, cute.size(b, mode=[1]), 2),
+                                                             stride=(row, 1, n * row)))
+
     def view(self, t, transposed: bool):
         """A storage-shape tensor ((L,) R, C) as (R, C, L), or (C, R, L) when transposed."""
         if cutlass.const_expr(self.BATCHED):
@@ -72,7 +84,7 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         the epilogue inputs (all of the plan's; the main kernel reads them unless a reduce kernel applies the
         epilogue); workspace / semaphores: the split-K scratch (None where the plan has none)."""
         a_mkl = self.view(a, not self.A_MAJOR_IS_K)
-        b_nkl = self.view(b, not self.B_MAJOR_IS_K)
+        b_nkl = self.gated_view(b) if self.GATED else self.view(b, not self.B_MAJOR_IS_K)
         out_mnl = self.view(out, self.SWAP_AB)
         views = tuple(self.input_view(x, inp_kind) for x, inp_kind in zip(inputs, self.input_kinds()))
 
@@ -82,7 +94,9 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
             self.MMA_ATOM_LAYOUT)
         tm, tn, tk = self.TILE_MNK
         a_smem = smem_layout(self.A_SMEM_ATOM, self.A_DTYPE, (tm, tk), self.AB_STAGES, self.A_MAJOR_IS_K)
-        b_smem = smem_layout(self.B_SMEM_ATOM, self.B_DTYPE, (tn, tk), self.AB_STAGES, self.B_MAJOR_IS_K)
+        # gated: a gate and an up tile per stage (smem stages 2s, 2s + 1)
+        b_tiles = 2 if self.GATED else 1
+        b_smem = smem_layout(self.B_SMEM_ATOM, self.B_DTYPE, (tn, tk), self.AB_STAGES * b_tiles, self.B_MAJOR_IS_K)
         c_smem = smem_layout(self.C_SMEM_ATOM, self.STORE_DTYPE, self.EPI_TILE, self.EPI_STAGES, True)
 
         # TMA: A multicast to the CTAs of one cluster row (N extent), B to one cluster column (M extent)
@@ -179,7 +193,7 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         tma_bytes = cute.size_in_bytes(self.A_DTYPE, cute.slice_(a_smem, (None, None, 0))) + \
-            cute.size_in_bytes(self.B_DTYPE, cute.slice_(b_smem, (None, None, 0)))
+            cute.size_in_bytes(self.B_DTYPE, cute.slice_(b_smem, (None, None, 0))) * (2 if self.GATED else 1)
         # each consumer warp releases a stage to every CTA that multicast into it
         consumers_per_stage = 1 if cutlass.const_expr(self.PINGPONG) else self.NUM_CONSUMER_WG
         ab_pipeline = pipeline.PipelineTmaAsync.create(
@@ -229,6 +243,9 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         tCrB = tiled_mma.make_fragment_B(tCsB)
         tCgC = thr_mma.partition_C(gC)
         accumulators = cute.make_rmem_tensor(tCgC.shape[:3], self.ACC_DTYPE)
+        up_accumulators = None      # gated: the up half's accumulators
+        if cutlass.const_expr(self.GATED):
+            up_accumulators = cute.make_rmem_tensor(tCgC.shape[:3], self.ACC_DTYPE)
         consumer_tidx = self.consumer_tidx(tidx)
         thr_mma_c = tiled_mma.get_slice(consumer_tidx)
 
@@ -262,5 +279,5 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         if warp_group_idx != self.PRODUCER_WG:
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.consume(ab_pipeline, walk, (consumer_tidx, warp_idx, warp_group_idx, consumer_wg), storage, tiled_mma,
-                         accumulators, thr_mma_c, tCrA, tCrB, gC, cC_mnl, sC, c_args, out_mnl, scratch, inputs, staged,
+                         accumulators, up_accumulators, thr_mma_c, tCrA, tCrB, gC, cC_mnl, sC, c_args, out_mnl, scratch, inputs, staged,
                          num_m, num_n)

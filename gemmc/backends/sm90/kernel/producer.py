@@ -23,6 +23,8 @@ class Producer:
             for kt in range(cutlass.min(work.k_count, self.PDL_PREFETCH_K_TILES)):
                 cute.prefetch(tma_a, tAgA[(None, work.tile_m, work.k_begin + kt, work.tile_l)])
                 cute.prefetch(tma_b, tBgB[(None, work.tile_n, work.k_begin + kt, work.tile_l)])
+                if cutlass.const_expr(self.GATED):    # the up rows (gated B's l = 1)
+                    cute.prefetch(tma_b, tBgB[(None, work.tile_n, work.k_begin + kt, 1)])
 
     @cute.jit
     def l2_policies(self, num_m, num_n):
@@ -41,16 +43,24 @@ class Producer:
     @cute.jit
     def load_tile(self, ab_pipeline, load_state, work, tma_a, tAgA, tAsA, a_mcast_mask, a_policy,
                   tma_b, tBgB, tBsB, b_mcast_mask, b_policy):
-        """One tile's k-tiles: wait for an empty stage, load A and B (multicast), arm its full barrier."""
+        """One tile's k-tiles: wait for an empty stage, load A and B (multicast), arm its full barrier. Gated:
+        B's gate tile (l = 0) into smem stage 2s, its up tile (l = 1) into 2s + 1."""
         tAgA_t = tAgA[(None, work.tile_m, None, work.tile_l)]
         tBgB_t = tBgB[(None, work.tile_n, None, work.tile_l)]
+        tBgB_up = tBgB[(None, work.tile_n, None, 1)] if self.GATED else None
         for kt in range(work.k_count):
             ab_pipeline.producer_acquire(load_state)
             full_barrier = ab_pipeline.producer_get_barrier(load_state)
             cute.copy(tma_a, tAgA_t[(None, work.k_begin + kt)], tAsA[(None, load_state.index)],
                       tma_bar_ptr=full_barrier, mcast_mask=a_mcast_mask, cache_policy=a_policy)
-            cute.copy(tma_b, tBgB_t[(None, work.k_begin + kt)], tBsB[(None, load_state.index)],
-                      tma_bar_ptr=full_barrier, mcast_mask=b_mcast_mask, cache_policy=b_policy)
+            if cutlass.const_expr(self.GATED):
+                cute.copy(tma_b, tBgB_t[(None, work.k_begin + kt)], tBsB[(None, 2 * load_state.index)],
+                          tma_bar_ptr=full_barrier, mcast_mask=b_mcast_mask, cache_policy=b_policy)
+                cute.copy(tma_b, tBgB_up[(None, work.k_begin + kt)], tBsB[(None, 2 * load_state.index + 1)],
+                          tma_bar_ptr=full_barrier, mcast_mask=b_mcast_mask, cache_policy=b_policy)
+            else:
+                cute.copy(tma_b, tBgB_t[(None, work.k_begin + kt)], tBsB[(None, load_state.index)],
+                          tma_bar_ptr=full_barrier, mcast_mask=b_mcast_mask, cache_policy=b_policy)
             ab_pipeline.producer_commit(load_state)
             load_state.advance()
         return load_state
