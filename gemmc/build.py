@@ -4,6 +4,7 @@
     fake_arguments(emitted) one fake per Param (symbolic dims, 16-B alignment) + the env-stream placeholder
     compile_emitted(...)    cute.compile(..., options="--enable-tvm-ffi --gpu-arch <arch>") -> compiled object
     jit_callable(emitted)   compile in this process -> a runtime.Launcher (validates, allocates, launches)
+    ptxas_report(emitted)   compile and read ptxas's -v report per kernel entry (registers, spill bytes)
     build(emitted, cache)   export_to_c + `$CC -shared` -> Artifact(.so, .ptx, .py) in the kernel cache
 
 A built .so is native code of the build host's OS and CPU: the key names them (`host_platform`), so a cache
@@ -25,6 +26,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -33,6 +35,7 @@ import tempfile
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -220,9 +223,11 @@ def compile_arch(emitted: EmittedKernel) -> str:
     return emitted.compile_arch or emitted.arch
 
 
-def compile_emitted(emitted: EmittedKernel, *, ptx_dir: Optional[str] = None, cache_root: Optional[Path] = None):
+def compile_emitted(emitted: EmittedKernel, *, ptx_dir: Optional[str] = None, cache_root: Optional[Path] = None,
+                    ptxas_log: Optional[str] = None):
     """`cute.compile` the entry with fake arguments; with `ptx_dir`, the PTX is kept (see `obj.__ptx__`).
-    `cache_root`: where the source is written (see `load_module`)."""
+    `cache_root`: where the source is written (see `load_module`). `ptxas_log`: a file the DSL writes its
+    ptxas's `-v` report into (as a YAML remark; see `ptxas_report`)."""
     import cutlass.cute as cute
 
     fn = getattr(load_module(emitted, cache_root), emitted.entry)
@@ -230,6 +235,8 @@ def compile_emitted(emitted: EmittedKernel, *, ptx_dir: Optional[str] = None, ca
     options = f"--enable-tvm-ffi --gpu-arch {arch}"
     if ptx_dir is not None:
         options += f" --keep-ptx --dump-dir {ptx_dir}"
+    if ptxas_log is not None:
+        options += f" remarks{{ptx}} --remark-output {ptxas_log}"
     with _COMPILE_LOCK, _arch_env(arch):
         try:
             return cute.compile(fn, *fake_arguments(emitted), options=options)
@@ -248,6 +255,56 @@ def compile_with_ptx(emitted: EmittedKernel, cache_root: Optional[Path] = None):
     if not ptx or not ptx.lstrip().startswith(("//", ".version")):
         raise BuildError(f"the DSL produced no PTX for {emitted.entry!r} (got {str(ptx)[:80]!r})")
     return obj, ptx
+
+
+@dataclass(frozen=True)
+class PtxasReport:
+    """What ptxas reports for one kernel entry of a compile (`ptxas -v`)."""
+    entry: str
+    registers: int          # per thread at launch; setmaxnreg redistributes them between warpgroups
+    stack_bytes: int
+    spill_stores: int       # bytes
+    spill_loads: int
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_stores > 0 or self.spill_loads > 0
+
+
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '+([^']+)'+")
+_PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas_log(text: str) -> list[PtxasReport]:
+    """The per-entry reports in a ptxas `-v` log (or the DSL's remark file holding one)."""
+    reports = []
+    starts = list(_PTXAS_ENTRY.finditer(text))
+    for i, m in enumerate(starts):
+        block = text[m.end():starts[i + 1].start() if i + 1 < len(starts) else len(text)]
+        frame, regs = _PTXAS_FRAME.search(block), _PTXAS_REGS.search(block)
+        if frame is None or regs is None:
+            raise BuildError(f"the ptxas report of {m.group(1)!r} names no register count or spill bytes: "
+                             f"{block.strip()[:200]!r}")
+        reports.append(PtxasReport(m.group(1), int(regs.group(1)), *map(int, frame.groups())))
+    return reports
+
+
+def ptxas_report(emitted: EmittedKernel, cache_root: Optional[Path] = None) -> list[PtxasReport]:
+    """Compile `emitted` on this machine (no GPU needed) and return what the DSL's own ptxas reported for
+    each kernel entry: the registers and spills of the cubin it ships, not of another ptxas's build."""
+    with tempfile.TemporaryDirectory(prefix="gemmc-ptxas-") as d:
+        log = os.path.join(d, "ptxas.yaml")
+        compile_emitted(emitted, cache_root=cache_root, ptxas_log=log)
+        try:
+            text = Path(log).read_text()
+        except OSError as e:
+            raise BuildError(f"the DSL wrote no ptxas report for {emitted.entry!r} ({e}): does this "
+                             "nvidia-cutlass-dsl support the remarks{ptx} compile option?") from e
+    reports = parse_ptxas_log(text)
+    if not reports:
+        raise BuildError(f"the ptxas report for {emitted.entry!r} names no kernel entry: {text[:200]!r}")
+    return reports
 
 
 def jit_callable(emitted: EmittedKernel):

@@ -67,13 +67,26 @@ def pdl_trigger_bands(num_sms: int) -> tuple[int, int]:
     return num_sms * 5 // 8, num_sms * 9 // 10
 
 
-# Register budgets per thread set by `setmaxnreg` (SM90): the producer gives registers back so
-# the consumers can hold the accumulators. 128*40 + 256*232 = 64512 <= 65536.
+# Register budgets per thread set by `setmaxnreg` (SM90). ptxas launches the CTA at the registers its threads
+# may all hold (65536 / 384, down to a multiple of 8: 168), and the warpgroups' budgets share out that pool:
+# 128 * producer + 256 * consumers <= 384 * 168 = 64512. The producer gives registers back so the consumers can
+# hold the accumulators; a tile whose consumers need more than CONSUMER_REGS takes the larger split.
 PRODUCER_REGS = 40
 CONSUMER_REGS = 232
-# Registers a consumer thread needs besides the accumulator (addresses, epilogue temporaries).
-CONSUMER_REG_OVERHEAD = 64
+PRODUCER_REGS_MIN = 24
+CONSUMER_REGS_MAX = 240          # 128 * 24 + 256 * 240 = 64512
+# Registers a consumer thread keeps live besides the accumulator, as ptxas allocates them (checked against its
+# report by tests/test_register_model.py: the admitted tiles compile without spills, the refused ones spill):
+# the main loop's descriptors, pipeline and scheduler state; an epilogue DAG run in the kernel, or the split-K
+# fix-up's partial sums, keep their inputs' addresses, coordinates and temporaries live as well, and an epilogue
+# after the split-K fix-up more again (256x160 split 2 with bias + GELU spills 8 B at 240), and a
+# ping-pong warpgroup's most (128x128 split 2 with bias + GELU spills 200 B at 240; 128x96 fits 232).
+CONSUMER_REG_OVERHEAD = 32
+CONSUMER_REG_OVERHEAD_EPILOGUE = 64
+CONSUMER_REG_OVERHEAD_EPILOGUE_SUMS = 96
+CONSUMER_REG_OVERHEAD_EPILOGUE_SUMS_PINGPONG = 136
 SM80_MAX_REGS = 255
+SM80_REG_OVERHEAD = 64
 BARRIER_RESERVE_BYTES = 1024   # mbarriers and scheduler state
 EPI_STAGES = 2                 # epilogue smem buffers (store of one sub-tile overlaps the next)
 EPI_TILE_N = 32
@@ -219,6 +232,38 @@ def accumulator_regs(s: Schedule, spec: GemmSpec) -> int:
         threads = threads_per_cta(s)
     accumulators = 2 if spec.gate is not None else 1    # a gated tile holds its gate and up halves
     return math.ceil(accumulators * bm * bn / threads / per_reg)
+
+
+def register_pool(arch: str, threads: int) -> int:
+    """Registers an SM90 CTA of `threads` launches with, which setmaxnreg shares out: ptxas gives each thread
+    the register file over the threads, in 8s."""
+    return threads * (ARCH_LIMITS[arch].regs_per_sm // threads // 8 * 8)
+
+
+def consumer_reg_overhead(s: Schedule, spec: GemmSpec) -> int:
+    """Registers a consumer (SM90) or MMA (SM80) thread keeps live besides the accumulator."""
+    if s.arch != "sm_90a":
+        return SM80_REG_OVERHEAD
+    mode = split_k_mode(s)
+    # under "serial" the reduce kernel runs the epilogue; a gated kernel's gate function is one
+    dag = (bool(spec.epilogue) and mode != "serial") or spec.gate is not None
+    if dag and mode == "fixup":         # stream-K's sums measured lighter: 256x160 with bias + GELU fits 232
+        return (CONSUMER_REG_OVERHEAD_EPILOGUE_SUMS_PINGPONG if s.mode == "pingpong"
+                else CONSUMER_REG_OVERHEAD_EPILOGUE_SUMS)
+    return CONSUMER_REG_OVERHEAD_EPILOGUE if dag or mode == "fixup" else CONSUMER_REG_OVERHEAD
+
+
+def consumer_regs_needed(s: Schedule, spec: GemmSpec) -> int:
+    """Registers a consumer thread needs: its accumulators and what the kernel keeps live beside them."""
+    return accumulator_regs(s, spec) + consumer_reg_overhead(s, spec)
+
+
+def register_budgets(s: Schedule, spec: GemmSpec) -> tuple[int, int]:
+    """(producer, consumer) setmaxnreg budgets of an SM90 kernel: 40/232, or 24/240 where the consumers need
+    more than 232 (the producer's loop of TMA issues fits in 24)."""
+    if consumer_regs_needed(s, spec) <= CONSUMER_REGS:
+        return PRODUCER_REGS, CONSUMER_REGS
+    return PRODUCER_REGS_MIN, CONSUMER_REGS_MAX
 
 
 def splits_n(s: Schedule) -> bool:
@@ -444,17 +489,25 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
         v += gate_violations(s)
 
     # registers
-    acc = accumulator_regs(s, spec)
-    budget = CONSUMER_REGS if sm90 else SM80_MAX_REGS
-    if acc + CONSUMER_REG_OVERHEAD > budget:
+    acc, other = accumulator_regs(s, spec), consumer_reg_overhead(s, spec)
+    budget = CONSUMER_REGS_MAX if sm90 else SM80_MAX_REGS
+    if acc + other > budget:
         who = "per ping-pong warpgroup" if sm90 and s.mode == "pingpong" else "per MMA thread"
         # cooperative already splits the tile's rows between two warpgroups: only a smaller tile helps
         share = (", or mode='cooperative' so two warpgroups share it"
                  if sm90 and s.mode == "pingpong" else "")
-        add("registers", f"{acc} accumulator regs {who} (+{CONSUMER_REG_OVERHEAD} other) > {budget}",
-            f"use a smaller tile (M x N){share}")
-    if sm90 and PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * consumer_warpgroups(s) > lim.regs_per_sm:
-        add("register file", "producer + consumer budgets", "fewer consumer warpgroups")
+        why = ("the epilogue's or split-K partial sums' included" if sm90 and other > CONSUMER_REG_OVERHEAD
+               else "addresses, pipeline and scheduler state")
+        where = "the consumers' setmaxnreg budget: ptxas spills past it" if sm90 else "the per-thread limit"
+        add("registers", f"{acc} accumulator regs {who} + {other} others ({why}) = {acc + other} > {budget}, "
+            f"{where}", f"use a smaller tile (M x N){share}")
+    if sm90:
+        producer, consumer = register_budgets(s, spec)
+        pool = register_pool(s.arch, threads_per_cta(s))
+        if 128 * producer + 128 * consumer * consumer_warpgroups(s) > pool:
+            add("register file", f"setmaxnreg budgets 128 x {producer} + {128 * consumer_warpgroups(s)} x "
+                f"{consumer} > {pool} (the CTA's launch registers)", "lower the budgets or use fewer consumer "
+                "warpgroups")
     if threads_per_cta(s) > lim.max_threads:
         add("threads per CTA", threads_per_cta(s), f"at most {lim.max_threads}")
 
@@ -587,8 +640,9 @@ class ScheduleSpace:
     """The axes the search and the heuristic enumerate. Cartesian product, filtered by the predicate."""
     tile_m: tuple[int, ...] = (64, 128, 256)
     # 96, 160 and 224 balance waves: N/BN lands near a multiple of the SM count (e.g. 28672/224 = 128
-    # tiles on 132 SMs), where the powers of two strand SMs in a last partial wave (measured on the H200)
-    tile_n: tuple[int, ...] = (64, 96, 128, 160, 192, 224, 256)
+    # tiles on 132 SMs), where the powers of two strand SMs in a last partial wave (measured on the H200);
+    # 192 and 208 fill the consumers' registers in 256-row tiles (the large-GEMM tiles)
+    tile_n: tuple[int, ...] = (64, 96, 128, 160, 192, 208, 224, 256)
     tile_k: tuple[int, ...] = (64,)
     clusters: tuple[tuple[int, int], ...] = ((1, 1), (2, 1), (1, 2), (2, 2))
     modes: tuple[str, ...] = MODES

@@ -92,10 +92,10 @@ def test_verify_resources_checks_the_epilogue_staging(old, new):
 
 
 @pytest.mark.parametrize("old,new,msg", [
-    # 128x256 cooperative: 128 accumulator registers per consumer thread, + 64 others
+    # 128x256 cooperative: 128 accumulator registers per consumer thread, + 32 others
     ("consumer index 1 regs 232", "consumer index 1 regs 128",
-     r"registers of consumer warpgroup 1 \(kernel.warpgroup\): got 128; its 128 accumulator registers and 64 "
-     r"others need regs 192 or more"),
+     r"registers of consumer warpgroup 1 \(kernel.warpgroup\): got 128; its 128 accumulator registers and 32 "
+     r"others need regs 160 or more \(ptxas spills below that\)"),
     ("consumer index 2 regs 232", "consumer index 2 regs 0", "registers of consumer warpgroup 2 .*: got 0"),
     ("producer index 0 regs 40", "producer index 0 regs 0",
      r"registers of producer warpgroup 0 \(kernel.warpgroup\): got 0; sm_90a warpgroups set theirs with setmaxnreg"),
@@ -106,7 +106,7 @@ def test_verify_resources_checks_each_warpgroups_register_budget(old, new, msg):
     with pytest.raises(ScheduleError, match=msg):
         run_text(text.replace(old, new), ["verify-resources"])
     # the budget the accumulators need is enough
-    run_text(text.replace("consumer index 1 regs 232", "consumer index 1 regs 192"), ["verify-resources"])
+    run_text(text.replace("consumer index 1 regs 232", "consumer index 1 regs 160"), ["verify-resources"])
 
 
 # ---- schedules the lowering passes cannot lay out ----------------------------------------------

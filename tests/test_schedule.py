@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from gemmc import EpilogueInput, EpilogueOp, GemmSpec, Ref, Schedule, ScheduleError, check_schedule, is_valid
 from gemmc.bench.dataset import load_dataset, record_schedule
-from gemmc.schedule import (ARCH_LIMITS, SM80_COMPILE_ARCHS, ScheduleSpace, accumulator_regs, enumerate_schedules,
-                            max_stages, require_valid, resolve_stages, sm80_ring_smem_bytes, smem_bytes)
+from gemmc.schedule import (ARCH_LIMITS, SM80_COMPILE_ARCHS, ScheduleSpace, accumulator_regs, consumer_reg_overhead,
+                            enumerate_schedules, max_stages, register_budgets, require_valid, resolve_stages,
+                            sm80_ring_smem_bytes, smem_bytes)
 
 SPEC = GemmSpec(m=4096, n=4096, k=4096)
 
@@ -42,9 +43,11 @@ def test_rejects_register_overflow():
     assert "registers" not in limits(s.with_(mode="cooperative"))  # two warpgroups share it: 128 regs
     fix = {v.limit: v.fix for v in check_schedule(s, SPEC)}["registers"]
     assert "mode='cooperative'" in fix
-    # already cooperative (two warpgroups of 128x192): only a smaller tile helps, and the fix says so
-    coop = {v.limit: v.fix for v in check_schedule(Schedule((256, 192, 64), mode="cooperative"), SPEC)}
+    # already cooperative (two warpgroups of 128x224): only a smaller tile helps, and the fix says so
+    coop = {v.limit: v.fix for v in check_schedule(Schedule((256, 224, 64), mode="cooperative"), SPEC)}
     assert coop["registers"] == "use a smaller tile (M x N)"
+    # 256x192 and 256x208 fit (192 and 208 accumulator registers, + 32 others, in 232 and 240)
+    assert is_valid(Schedule((256, 192, 64)), SPEC) and is_valid(Schedule((256, 208, 64)), SPEC)
 
 
 def test_rejects_clusters_over_16():
@@ -207,7 +210,11 @@ def test_valid_schedules_respect_every_resource_limit(s, spec):
         assert bm % (8 * cn) == 0 and bn % (8 * cm) == 0
     threads = 128 if (s.arch == "sm_90a" and s.mode == "pingpong") else (256 if s.arch == "sm_90a" else None)
     if threads:
-        assert math.ceil(bm * bn / threads) + 64 <= 232
+        # the accumulators and what ptxas keeps beside them (tests/test_register_model.py) fit the consumers'
+        # setmaxnreg budget, and the budgets fit the CTA's launch registers (384 x 168)
+        producer, consumer = register_budgets(s, spec)
+        assert math.ceil(bm * bn / threads) + consumer_reg_overhead(s, spec) <= consumer <= 240
+        assert 128 * producer + 256 * consumer <= 384 * 168
     if isinstance(spec.k, int):
         assert math.ceil(spec.k / bk) >= s.split_k
 

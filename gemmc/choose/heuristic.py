@@ -83,8 +83,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from ..errors import ScheduleError
-from ..schedule import (ARCH_LIMITS, Schedule, ScheduleSpace, ab_stage_bytes, check_schedule, default_schedule,
-                        enumerate_schedules, kernel_grid, pdl_trigger_bands, resolve_stages)
+from ..schedule import (ARCH_LIMITS, Schedule, ScheduleSpace, ab_stage_bytes, accumulator_regs, check_schedule,
+                        default_schedule, enumerate_schedules, kernel_grid, pdl_trigger_bands, resolve_stages)
 from ..spec import GemmSpec
 from ..types import as_arch
 
@@ -303,16 +303,23 @@ def _tie_break(s: Schedule) -> tuple:
 # the wave-balancing N tiles (96, 160, 224) win at M <= 256 and lose at large M, where the model would still
 # pick them (bench/results/heuristic-rules.md)
 WAVE_TILE_MAX_M = 256
+# the H200 sweeps the model was fitted on measured tiles of up to 168 accumulator registers a consumer thread,
+# and no N of 208: the larger tiles the register model admits (256x192, 256x208, 128x192 ping-pong) are the
+# search's until a GPU run measures them
+MEASURED_MAX_ACC_REGS = 168
+UNMEASURED_TILE_N = (208,)
 
 
 def heuristic_space(arch: str, m: int | None = None) -> ScheduleSpace:
     """The space the heuristic picks from: the arch's standard space, on sm_90a cut to what the H200
     sweeps measured (no 2x2 clusters; split-K 1, 2, 3, 4, 6, 8), where the fitted model is known to hold,
-    and tile N 96/160/224 only for M <= WAVE_TILE_MAX_M (`m`; None: M unknown, so left out)."""
+    and tile N 96/160/224 only for M <= WAVE_TILE_MAX_M (`m`; None: M unknown, so left out); no unmeasured N
+    (UNMEASURED_TILE_N)."""
     std = ScheduleSpace.for_arch(arch)
     if as_arch(arch) != "sm_90a":
         return std
-    tile_n = std.tile_n if m is not None and m <= WAVE_TILE_MAX_M else (64, 128, 192, 256)
+    tile_n = (tuple(n for n in std.tile_n if n not in UNMEASURED_TILE_N) if m is not None and m <= WAVE_TILE_MAX_M
+              else (64, 128, 192, 256))
     return replace(std, tile_n=tile_n, clusters=tuple(c for c in std.clusters if c != (2, 2)),
                    split_ks=(1, 2, 3, 4, 6, 8))
 
@@ -329,6 +336,8 @@ def rank_schedules(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = N
     else:
         m = problem_dims(spec, m_hint, n_hint, k_hint)[1]
         pool = enumerate_schedules(spec, arch, space or heuristic_space(arch, m))
+        if space is None:
+            pool = [s for s in pool if accumulator_regs(s, spec) <= MEASURED_MAX_ACC_REGS]
     scored = []
     for s in pool:
         est = estimate(s, spec, num_sms=num_sms, m_hint=m_hint, n_hint=n_hint, k_hint=k_hint)

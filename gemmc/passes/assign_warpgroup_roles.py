@@ -19,8 +19,7 @@ from ..ir.build import find_gemm
 from ..ir.gemm import MatmulOp
 from ..ir.kernel import (ClusterOp, CopyOp, EpilogueOp, KernelGemmOp, MmaOp, PipelineOp, TileSchedulerOp,
                          WarpGroupOp)
-from ..schedule import (CONSUMER_REGS, PRODUCER_REGS, Schedule, consumer_warpgroups, sm80_warps, splits_n,
-                        threads_per_cta)
+from ..schedule import Schedule, consumer_warpgroups, register_budgets, sm80_warps, splits_n, threads_per_cta
 from ..spec import GemmSpec
 from .common import layout_schedule
 
@@ -37,8 +36,9 @@ def roles(s: Schedule, spec: GemmSpec) -> tuple[list, MmaOp]:
     """(warpgroup facts, mma fact) for schedule `s` (its mode is kernel_header's)."""
     bm, bn, _ = s.tile
     if s.arch == "sm_90a":
-        wgs = [WarpGroupOp.make(role="producer", index=0, regs=PRODUCER_REGS, warps=4)]
-        wgs += [WarpGroupOp.make(role="consumer", index=1 + i, regs=CONSUMER_REGS, warps=4)
+        producer_regs, consumer_regs = register_budgets(s, spec)
+        wgs = [WarpGroupOp.make(role="producer", index=0, regs=producer_regs, warps=4)]
+        wgs += [WarpGroupOp.make(role="consumer", index=1 + i, regs=consumer_regs, warps=4)
                 for i in range(consumer_warpgroups(s))]
         inst_k = 32 if spec.dtype.bits == 8 else 16
         # cooperative: the consumers stack along M, each owning bm/2 rows (192 rows: along N, each owning

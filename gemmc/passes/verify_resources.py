@@ -17,8 +17,8 @@ from xdsl.passes import ModulePass
 from ..errors import ScheduleError
 from ..ir.build import find_gemm
 from ..ir.kernel import ClusterOp, KernelGemmOp, PipelineOp, WarpGroupOp
-from ..schedule import (ARCH_LIMITS, BARRIER_RESERVE_BYTES, CONSUMER_REG_OVERHEAD, Schedule, Violation,
-                        ab_stage_bytes, accumulator_regs, check_schedule, epilogue_smem_bytes, max_stages)
+from ..schedule import (ARCH_LIMITS, BARRIER_RESERVE_BYTES, Schedule, Violation, ab_stage_bytes, accumulator_regs,
+                        check_schedule, consumer_reg_overhead, epilogue_smem_bytes, max_stages, register_pool)
 from ..spec import GemmSpec
 from .assign_warpgroup_roles import kernel_header
 from .common import problem_and_schedule
@@ -74,19 +74,24 @@ def fact_violations(kernel: KernelGemmOp, s: Schedule, spec: GemmSpec,
     warpgroups = kernel.ops_of(WarpGroupOp)
     if kernel.arch.data == "sm_90a":
         # setmaxnreg sets each SM90 warpgroup's budget: 0 (SM80's "compiler's choice") is no budget
-        need = accumulator_regs(s, spec) + CONSUMER_REG_OVERHEAD if schedule_valid else 0
+        acc, other = (accumulator_regs(s, spec), consumer_reg_overhead(s, spec)) if schedule_valid else (0, 0)
+        need = acc + other
         for w in warpgroups:
             regs, role = w.get("regs"), w.get("role")
             if regs == 0 or (role == "consumer" and regs < need):
-                fix = (f"its {need - CONSUMER_REG_OVERHEAD} accumulator registers and {CONSUMER_REG_OVERHEAD} "
-                       f"others need regs {-(-need // 8) * 8} or more" if role == "consumer" and need
+                fix = (f"its {acc} accumulator registers and {other} others need regs {-(-need // 8) * 8} or more "
+                       "(ptxas spills below that)" if role == "consumer" and need
                        else "sm_90a warpgroups set theirs with setmaxnreg: use a multiple of 8 from 24 to 256")
                 found.append(Violation(f"registers of {role} warpgroup {w.get('index')} (kernel.warpgroup)",
                                        regs, f"{fix}, or rerun assign-warpgroup-roles"))
     regs = sum(w.get("regs") * 32 * w.get("warps") for w in warpgroups)
-    if regs > lim.regs_per_sm:
+    # sm_90a: setmaxnreg shares out the registers the CTA launched with; budgets past them are never granted
+    sm90 = kernel.arch.data == "sm_90a"
+    pool = register_pool(lim.name, kernel.threads.data) if sm90 else lim.regs_per_sm
+    if regs > pool:
         found.append(Violation("register file (kernel.warpgroup)", regs,
-                               f"limit {lim.regs_per_sm} per SM: lower the warpgroups' regs"))
+                               f"limit {pool} {'per CTA (its launch registers)' if sm90 else 'per SM'}: lower the "
+                               "warpgroups' regs"))
     if kernel.threads.data > lim.max_threads:
         found.append(Violation("threads per CTA (kernel.gemm)", kernel.threads.data, f"at most {lim.max_threads}"))
     if (c := kernel.fact(ClusterOp)) is not None:
