@@ -476,8 +476,9 @@ def test_prepare_includes_gated_mlps_and_shows_progress_on_request(monkeypatch, 
     model = nn.ModuleDict({"mlp": ToyMLP(dtype=torch.bfloat16)})
     gnn.swap_linears(model, fuse_mlp=True, allow_cpu=True)
     summary = gnn.prepare(model, [8], progress=True)
-    # inference: the MLP's gated kernel (N = 24 outputs over K = 16) and down_proj; not the [gate; up] Linear
-    assert prepared == [(16, 24)] and gated == [(24, 16, "silu", [8])] and not summary.training
+    # inference: the MLP's gated kernel (N = 24 outputs over K = 16), its [gate; up] Linear (decode-sized calls
+    # run it) and down_proj
+    assert sorted(prepared) == [(16, 24), (48, 16)] and gated == [(24, 16, "silu", [8])] and not summary.training
     assert "gemmc.nn.prepare" in capsys.readouterr().err
     # training: the [gate; up] Linear and down_proj, forward and backward
     prepared.clear(), gated.clear()

@@ -56,13 +56,12 @@ def prepare(model: nn.Module, batch_sizes: Iterable[int], training: bool = False
     progress: True / False forces the progress bar on / off; None shows it when there is much to build."""
     row_counts = _row_counts(batch_sizes)
     summary = PrepareSummary(row_counts=row_counts, training=training)
-    gated_layers = set()      # inference: a GatedMLP's [gate; up] Linear runs inside its gated kernel
     for name, module in model.named_modules():
+        # inference: a GatedMLP runs its gated kernel, and its [gate; up] Linear for decode-sized calls
         if not training and isinstance(module, GatedMLP) and module.gated_kernel_args is not None:
             n, k, dtype, gate = module.gated_kernel_args
             summary.kernels.setdefault(KernelKey(n, k, dtype, False, "none", gate), []).append(name)
-            gated_layers.add(id(module.gate_up_proj))
-        if not isinstance(module, Linear) or id(module) in gated_layers:
+        if not isinstance(module, Linear):
             continue
         reason = module.fallback_reason
         if reason is not None:
