@@ -31,9 +31,8 @@ class ArchLimits:
     max_cluster: int           # CTAs per cluster (1: no clusters)
     has_tma: bool
     num_sms: int               # default SM count for the heuristic (H200/H100 SXM: 132, A100: 108)
-    # (cluster size, clusters resident at once at 1 CTA per SM): a cluster's CTAs share one GPC, so GPCs
-    # whose SM count is not a multiple of the size strand SMs. A persistent grid larger than this runs
-    # its last clusters as a second wave (about 2x the time).
+    # (cluster size, clusters resident at once at 1 CTA per SM; GPCs strand SMs): a larger persistent grid
+    # runs its last clusters as a second wave
     max_active_clusters: tuple[tuple[int, int], ...] = ()
 
     def active_clusters(self, cluster_size: int) -> int:
@@ -42,8 +41,7 @@ class ArchLimits:
 
 
 ARCH_LIMITS = {
-    # H200 (132 SMs): cudaOccupancyMaxActiveClusters (cutlass.utils.HardwareInfo) per cluster size; a grid past
-    # it waits for a second wave (the measurement: bench/results/, the H200 cluster-grid run)
+    # H200 (132 SMs): cudaOccupancyMaxActiveClusters (cutlass.utils.HardwareInfo) per cluster size
     "sm_90a": ArchLimits("sm_90a", 227 * 1024, 65536, 1024, 16, True, 132,
                          max_active_clusters=((1, 132), (2, 66), (4, 30), (8, 15), (16, 7))),
     "sm_80": ArchLimits("sm_80", 163 * 1024, 65536, 1024, 1, False, 108),
@@ -61,9 +59,8 @@ SM80_COMPILE_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_90")
 
 def pdl_trigger_bands(num_sms: int) -> tuple[int, int]:
     """(early, full): an SM90 grid of at most `early` CTAs, or of at least `full`, lets the next kernel launch
-    once its last load is issued; one in between, once its last stage is released (passes/pipeline_staging.py
-    says why). Grids in between also skip the L2 prefetch before the grid-dependency wait, so they run
-    slower; the heuristic steers its swapped picks out of that band."""
+    once its last load is issued; one in between, once its last stage is released, and skips the L2 prefetch
+    (passes/pipeline_staging.py says why)."""
     return num_sms * 5 // 8, num_sms * 9 // 10
 
 
@@ -75,12 +72,9 @@ PRODUCER_REGS = 40
 CONSUMER_REGS = 232
 PRODUCER_REGS_MIN = 24
 CONSUMER_REGS_MAX = 240          # 128 * 24 + 256 * 240 = 64512
-# Registers a consumer thread keeps live besides the accumulator, as ptxas allocates them (checked against its
-# report by tests/test_register_model.py: the admitted tiles compile without spills, the refused ones spill):
-# the main loop's descriptors, pipeline and scheduler state; an epilogue DAG run in the kernel, or the split-K
-# fix-up's partial sums, keep their inputs' addresses, coordinates and temporaries live as well, and an epilogue
-# after the split-K fix-up more again (256x160 split 2 with bias + GELU spills 8 B at 240), and a
-# ping-pong warpgroup's most (128x128 split 2 with bias + GELU spills 200 B at 240; 128x96 fits 232).
+# Registers a consumer thread keeps live besides the accumulator, as ptxas allocates them (tests/
+# test_register_model.py checks them against its report): descriptors, pipeline and scheduler state; more with
+# an epilogue in the kernel or the split-K fix-up, more again with both, most under ping-pong.
 CONSUMER_REG_OVERHEAD = 32
 CONSUMER_REG_OVERHEAD_EPILOGUE = 64
 CONSUMER_REG_OVERHEAD_EPILOGUE_SUMS = 96
@@ -90,9 +84,8 @@ SM80_REG_OVERHEAD = 64
 BARRIER_RESERVE_BYTES = 1024   # mbarriers and scheduler state
 EPI_STAGES = 2                 # epilogue smem buffers (store of one sub-tile overlaps the next)
 EPI_TILE_N = 32
-# Launch limits (CUDA): a grid's x extent is at most INT32_MAX blocks, its y and z extents GRID_YZ_MAX. The
-# kernels' sizes, tile counts and split-K scratch indices are 32-bit integers too (the CuTe DSL truncates a
-# larger Python int to Int32 with only a warning), so each is held to INT32_MAX as well.
+# Launch limits (CUDA): grid x at most INT32_MAX blocks, y and z GRID_YZ_MAX; the kernels' sizes, tile counts and
+# split-K scratch indices are 32-bit too (the DSL truncates a larger int with only a warning).
 INT32_MAX = 2 ** 31 - 1
 GRID_YZ_MAX = 65535
 SPLITK_REDUCE_COLUMNS = 128    # the split-K reduce kernel: one block per output row and 128 columns
@@ -109,18 +102,13 @@ class Schedule:
     swizzle: int = 1
     split_k: int = 1
     arch: str = "sm_90a"
-    # programmatic dependent launch: the prologue overlaps the previous kernel on the stream. sm_90a
-    # only; sm_80 has no griddepcontrol, so there the knob is ignored and kernels launch plain.
+    # programmatic dependent launch (the prologue overlaps the previous kernel); ignored on sm_80
     pdl: bool = True
-    # swap A and B (sm_90a): the kernel computes out^T = b @ a^T, so `tile` and `cluster` read (N, M, K)
-    # and (N, M). Decode and small-batch shapes (measured to pay up to M = 128) then fill the 64-row WGMMA
-    # with B's rows instead of padding A's few rows to 64; the output is stored from registers at its
-    # transposed coordinate.
+    # swap A and B (sm_90a): the kernel computes out^T = b @ a^T, so `tile` and `cluster` read (N, M, K) and
+    # (N, M): decode shapes fill the 64-row WGMMA with B's rows; the output is stored from registers.
     swap_ab: bool = False
-    # stream-K (sm_90a, cooperative, split_k 1): whole waves of tiles run data-parallel, the last partial
-    # wave's tiles and one full wave's are shared out as equal runs of (tile, k-tile) iterations, and the
-    # last CTA to finish a split tile sums the f32 partials (in cluster order) and runs the epilogue. It
-    # rescues tiles that quantize badly but loses to a tile that already fits the grid.
+    # stream-K (sm_90a, cooperative, split_k 1): whole waves run data-parallel, the last partial wave's tiles
+    # and one full wave's are shared out as equal (tile, k-tile) runs; the last CTA of a split tile sums them.
     stream_k: bool = False
 
     def __post_init__(self):
@@ -277,8 +265,7 @@ def epilogue_tile(s: Schedule) -> tuple[int, int]:
     if splits_n(s):     # each sub-tile spans both warpgroups' columns: every thread holds part of each
         return 64, bn
     rows = min(bm, 128) if s.mode == "cooperative" else min(bm, 64)
-    # 16-column sub-tiles where 32 does not divide the tile (48, 80, 112 ... wide: such tiles split N into
-    # about one wave, e.g. 6144 / 48 = 128 tiles on 132 SMs)
+    # 16-column sub-tiles where 32 does not divide the tile (48, 80, 112, 208 wide)
     return rows, min(bn, EPI_TILE_N if bn % EPI_TILE_N == 0 else 16)
 
 
@@ -300,17 +287,13 @@ def ab_stage_bytes(s: Schedule, spec: GemmSpec) -> int:
 
 
 FIXUP_MAX_SPLITS = 2
-# swapped kernels may split K, always summed by the fix-up (their partials are small: 64-128 x 8-64 f32).
-# No split beat the unsplit decode picks, even doubling a 64-CTA grid (bench/results/heuristic-rules.md), so
-# the search spaces leave them out
+# swapped kernels may split K, always summed by the fix-up; the search spaces leave them out (none measured faster)
 SWAP_MAX_SPLITS = 4
 
 
 def split_k_mode(s: Schedule) -> str:
     """How split-K sums its partials: in the GEMM kernel, by the last split of each tile to finish ("fixup",
-    sm_90a up to FIXUP_MAX_SPLITS splits), or in a second kernel ("serial"). The fix-up saves that launch but
-    sums each tile in one CTA, which reads all of the tile's partials: it wins at 2 splits and loses from 6
-    (bench/results/heuristic-rules.md)."""
+    sm_90a up to FIXUP_MAX_SPLITS splits), or in a second kernel ("serial"; bench/results/heuristic-rules.md)."""
     if s.stream_k:
         return "stream"     # stream-K: the last CTA of a split tile sums its partials, as the fix-up does
     if s.split_k == 1:
@@ -538,15 +521,11 @@ def gate_violations(s: Schedule) -> list[Violation]:
     if s.arch != "sm_90a":
         return [Violation("gate (sm_80)", s.arch, "gated GEMMs are built for sm_90a only: compile for sm_90a, "
                           "or run the plain [gate; up] GEMM and gate in torch")]
-    # field -> (set here?, the value a gated schedule takes)
-    unsupported = {"swap_ab": (s.swap_ab is True, False), "split_k": (_is_int(s.split_k) and s.split_k > 1, 1),
-                   "stream_k": (s.stream_k is True, False)}
-    got = [f"{k}={getattr(s, k)!r}" for k, (on, _) in unsupported.items() if on]
-    v = []
-    if got:
-        use = " and ".join(f"{k}={plain!r}" for k, (on, plain) in unsupported.items() if on)
-        v.append(Violation("gated GEMM", ", ".join(got), "its kernel gates each output tile in registers, which "
-                           f"the swapped store and split-K partials do not: use {use}"))
+    plain = {"swap_ab": False, "split_k": 1, "stream_k": False}      # what a gated schedule takes
+    got = [k for k, want in plain.items() if getattr(s, k) != want]
+    v = [Violation("gated GEMM", ", ".join(f"{k}={getattr(s, k)!r}" for k in got), "its kernel gates each "
+                   "output tile in registers, which the swapped store and split-K partials do not: use "
+                   + " and ".join(f"{k}={plain[k]!r}" for k in got))] if got else []
     if _is_sizes(s.tile, 3) and s.mode == "cooperative" and s.tile[0] == 192:
         v.append(Violation("gated GEMM tile M", 192, "a 192-row tile splits its columns between the consumer "
                            "warpgroups: use a 128- or 256-row tile"))
@@ -661,21 +640,17 @@ class ScheduleSpace:
 
     @classmethod
     def swapped_decode(cls) -> "ScheduleSpace":
-        """sm_90a kernels computing out^T = b @ a^T, for M <= SWAP_DECODE_MAX_M: the weights fill the
-        64/128-row MMA side and the activations an 8/16/32-wide tile, alone or two to a 1x2 cluster that
-        multicasts the weight tile (as in `swapped_batch`; H200 at M = 16: up to 1.23x cuBLAS at
-        16x4096x4096 against 1.18x unpaired). Rings deeper than 'auto' (8) measured best on the H200
-        decode shapes (10 and 16 stages)."""
+        """sm_90a kernels computing out^T = b @ a^T, for M <= SWAP_DECODE_MAX_M: the weights fill the 64/128-row
+        MMA side, the activations an 8/16/32-wide tile, alone or two to a weight-multicasting 1x2 cluster; rings
+        deeper than 'auto' (bench/results/heuristic-rules.md has the measurements)."""
         return cls(tile_m=(64, 128), tile_n=(8, 16, 32), tile_k=(64, 128), clusters=((1, 1), (1, 2)), modes=MODES,
                    rasters=("m",), swizzles=(1,), split_ks=(1,), stages=("auto", 10, 16), swap_ab=(True,))
 
     @classmethod
     def swapped_batch(cls) -> "ScheduleSpace":
-        """Swapped kernels for SWAP_DECODE_MAX_M < M <= SWAP_MAX_M: 32/64-wide activation tiles, and 1x2
-        clusters whose two CTAs take two activation tiles of one weight tile, loaded once and multicast:
-        the weights stream from HBM once, over twice the CTAs, with no split-K reduce launch. Rings past
-        'auto' (8), up to what fits: these kernels are memory-bound. On the H200 at M = 64/128 they beat
-        the unswapped kernels on 7 of the 16 llm shapes (64x4096x14336: 1.175x cuBLAS against 1.065x)."""
+        """Swapped kernels for SWAP_DECODE_MAX_M < M <= SWAP_MAX_M: 32/64-wide activation tiles, and 1x2 clusters
+        whose two CTAs share one multicast weight tile (the weights stream once, over twice the CTAs); rings
+        past 'auto', up to what fits: these kernels are memory-bound."""
         return cls(tile_m=(64, 128), tile_n=(32, 64), tile_k=(64, 128), clusters=((1, 1), (1, 2)), modes=MODES,
                    rasters=("m",), swizzles=(1,), split_ks=(1,), stages=("auto", 9, 10, 13, 16), swap_ab=(True,))
 
@@ -683,9 +658,7 @@ class ScheduleSpace:
     def odd_n_tiles(cls) -> "ScheduleSpace":
         """Unswapped 64-row ping-pong tiles whose N is an odd multiple of 16 (48, 80, 112), K tile 128, for
         SWAP_DECODE_MAX_M < M <= SWAP_MAX_M: N splits into about whole waves where the standard widths strand
-        SMs (6144 / 48 = 128 tiles, 57344 / 112 = 512 on 132 SMs). On the H200 they took four M = 64 llm
-        shapes from the picks measured beside them (64x6144x4096: 64x48x128 1.16x against 1.08x;
-        64x57344x8192: 64x112x128 c1x2 1.07-1.10x against 1.06-1.08x in three runs)."""
+        SMs (6144 / 48 = 128 tiles on 132 SMs)."""
         return cls(tile_m=(64,), tile_n=(48, 80, 112), tile_k=(128,), clusters=((1, 1), (1, 2), (2, 1)),
                    modes=("pingpong",), rasters=("m",), swizzles=(1,), split_ks=(1,), stages=("auto",))
 
