@@ -111,7 +111,9 @@ def test_fuse_mlp_matches_unfused_and_round_trips_state_dict_with_fresh_hf_model
     mlps = [f"model.layers.{i}.mlp" for i in range(LAYERS)]
     assert report.fused_mlps == mlps and all(isinstance(fused.get_submodule(n), gnn.GatedMLP) for n in mlps)
     assert {f"{n}.gate_up_proj" for n in mlps} <= set(report.swapped)
-    assert {(k.n, k.k) for k in report.kernels} == {(64, 64), (32, 64), (256, 64), (64, 128)}  # lm_head shares [256, 64]
+    # lm_head shares [256, 64]; (128, 64) is the MLPs' gated kernel (N = intermediate 128 outputs)
+    assert {(k.n, k.k) for k in report.kernels} == {(64, 64), (32, 64), (256, 64), (64, 128), (128, 64)}
+    assert [k.gate for k in report.kernels if k.gate is not None] == ["silu"]
     # The fused GEMM computes each gate/up column as the unfused GEMMs do.
     torch.testing.assert_close(logits(fused, IDS), logits(unfused, IDS), rtol=1e-2, atol=1e-2)
     assert_logits_close(logits(fused, IDS), logits(original, IDS))
