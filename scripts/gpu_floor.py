@@ -36,7 +36,8 @@ from gemmc.bench.policy import parse_schedule  # noqa: E402
 from kernel_edit import edited_kernel, expect, kernel_sources  # noqa: E402
 
 VARIANTS = ("stream", "mma")
-_MMA_LOOP = re.compile(r"\n *for kb in cutlass\.range_constexpr\(num_k_blocks\):\n *cute\.gemm\([^\n]*\n[^\n]*accumulators\)")
+# the k-block loop and its body (every line indented deeper than its header): one WGMMA chain, or two when gated
+_MMA_LOOP = re.compile(r"\n( *)for kb in cutlass\.range_constexpr\(num_k_blocks\):\n(?:\1 +[^\n]*\n)+")
 _PRODUCER_LOOP = "for kt in range(work.k_count):"
 _STAGE_WAIT = "ab_pipeline.consumer_wait(read_state)"
 _STAGE_RELEASE = "ab_pipeline.consumer_release(release_state)"
@@ -49,7 +50,7 @@ def edit_modules(variant: str, sources: Optional[dict] = None) -> dict:
         raise ValueError(f"variant {variant!r}: use one of {VARIANTS}")
     out = dict(sources or kernel_sources())
     if variant == "stream":
-        out["consumer"], n = _MMA_LOOP.subn("", out["consumer"])
+        out["consumer"], n = _MMA_LOOP.subn("\n", out["consumer"])
         expect(n, 1, "the WGMMA loop", "gpu_floor.py")
         return out
     producer, consumer = out["producer"], out["consumer"]

@@ -27,12 +27,14 @@ def _kernel(name: str):
 
 def test_the_edits_remove_the_mma_or_the_loads():
     src = gpu_floor.kernel_sources()
-    assert src["consumer"].count("cute.gemm(tiled_mma, accumulators") == 1
+    # one WGMMA into the accumulators per kernel form (plain or gated), and the gated kernel's up chain
+    assert src["consumer"].count("cute.gemm(tiled_mma, accumulators") == 2
+    assert src["consumer"].count("cute.gemm(tiled_mma, up_accumulators") == 1
     stream = gpu_floor.edit_modules("stream")
     assert "cute.gemm(" not in stream["consumer"]
     assert stream["producer"] == src["producer"] and stream["producer"].count("cute.copy(tma_a") == 1  # loads kept
     mma = gpu_floor.edit_modules("mma")
-    assert mma["consumer"].count("cute.gemm(tiled_mma, accumulators") == 1
+    assert mma["consumer"].count("cute.gemm(tiled_mma, accumulators") == 2
     assert "for kt in range(0):" in mma["producer"] and "consumer_wait(read_state)" not in mma["consumer"]
     assert "consumer_release(release_state)" not in mma["consumer"]
     for edited in (stream, mma):     # only the named modules change, and they are still Python
