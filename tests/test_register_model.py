@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-import gemmc.schedule as schedule
+import gemmc.schedule.resources as schedule_resources  # where the register model reads its constants
 from gemmc.backends import emit
 from gemmc.build import PtxasReport, parse_ptxas_log, ptxas_report
 from gemmc.compiler import lower
@@ -122,11 +122,11 @@ def test_ptxas_agrees(case, monkeypatch):
     if accumulator_regs(s, spec) > CONSUMER_REGS_MAX:
         return          # the accumulators alone overflow the largest budget: nothing to compile
     # compiled anyway at the largest budget (the model's overheads off), it spills: the refusal is not too strict
-    monkeypatch.setattr(schedule, "CONSUMER_REG_OVERHEAD", 0)
-    monkeypatch.setattr(schedule, "CONSUMER_REG_OVERHEAD_EPILOGUE", 0)
-    monkeypatch.setattr(schedule, "CONSUMER_REG_OVERHEAD_EPILOGUE_SUMS", 0)
-    monkeypatch.setattr(schedule, "CONSUMER_REG_OVERHEAD_EPILOGUE_SUMS_PINGPONG", 0)
-    monkeypatch.setattr(schedule, "CONSUMER_REGS", 0)       # every tile takes the 24/240 split
+    monkeypatch.setattr(schedule_resources, "CONSUMER_REG_OVERHEAD", 0)
+    monkeypatch.setattr(schedule_resources, "CONSUMER_REG_OVERHEAD_EPILOGUE", 0)
+    monkeypatch.setattr(schedule_resources, "CONSUMER_REG_OVERHEAD_EPILOGUE_SUMS", 0)
+    monkeypatch.setattr(schedule_resources, "CONSUMER_REG_OVERHEAD_EPILOGUE_SUMS_PINGPONG", 0)
+    monkeypatch.setattr(schedule_resources, "CONSUMER_REGS", 0)       # every tile takes the 24/240 split
     assert register_budgets(s, spec) == (24, CONSUMER_REGS_MAX)
     reports = _reports(s, spec)
     assert any(r.spills for r in reports), reports

@@ -215,7 +215,7 @@ def test_importing_each_choose_module_loads_no_search_module():
 # A dated figure ("2026-11-30", a result file named by its date) or a session number in gemmc's source is run
 # history: it belongs in bench/results/ (bench/results/heuristic-rules.md keeps the heuristic's), and the code
 # keeps the rule and why. Files that still carry some are pinned here until their owner moves it (a stale
-# entry fails too): gemmc/schedule.py's persistent-grid comment cites a dated H200 measurement.
+# entry fails too).
 RUN_HISTORY = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b|\bsession[ -]?\d+", re.I)
 KNOWN_RUN_HISTORY: set = set()
 

@@ -176,7 +176,7 @@ def input_kernel_args(inputs: Sequence[EpilogueInput], suffix: str = "_v") -> li
 
 # ---- split-K reduction ------------------------------------------------------------------------
 
-REDUCE_THREADS = SPLITK_REDUCE_COLUMNS     # the launch rule (gemmc/schedule.py) sizes its grid by this
+REDUCE_THREADS = SPLITK_REDUCE_COLUMNS     # the launch rule (gemmc/schedule/predicate.py) sizes its grid by this
 
 
 @dataclass(frozen=True)
