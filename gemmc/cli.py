@@ -30,6 +30,7 @@ from .schedule.limits import L2_POLICIES
 SUBCOMMANDS: dict[str, str] = {
     "build": "gemmc.build_cli",
     "bench": "gemmc.bench.cli",
+    "profile": "gemmc.bench.profile_cli",
 }
 
 
