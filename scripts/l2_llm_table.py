@@ -69,7 +69,7 @@ def compile_only(args, chosen, log) -> dict:
     return {"picks": rows, "jobs": len(jobs) * 2, "ncu_command": cmd}
 
 
-def run_gpu(args, chosen, log) -> dict:
+def run_gpu(args, chosen, log, save) -> dict:
     import torch
     from gemmc.bench.compile_pool import CompilePool
     from gemmc.bench.ncu import ProfileJob, profile
@@ -89,6 +89,9 @@ def run_gpu(args, chosen, log) -> dict:
                                                           ProfileJob(GemmSpec(sh.m, sh.n, sh.k), None))]
     results = profile(pjobs, calls=args.calls, timeout_s=args.ncu_timeout_s)
     log(f"profiled {len(pjobs)} jobs under ncu in {time.time() - t0:.0f}s")
+    report["profiles"] = [{"shape": str(r.job.spec.m) + "x" + str(r.job.spec.n) + "x" + str(r.job.spec.k),
+                           "side": r.job.side, **_side(r, r.job.spec)} for r in results]
+    save(report)                # the profiles survive a run cut short in the timing
     clock, cfg = CudaClock(graphs=True), TimingConfig(repeats=args.repeats)
     if not args.no_timing:
         spin_up()
@@ -111,6 +114,7 @@ def run_gpu(args, chosen, log) -> dict:
             except Exception as e:  # noqa: BLE001  one shape's failure is its row's
                 row["timing"] = {"status": "error", "error": f"{type(e).__name__}: {str(e)[:500]}"}
         report["rows"].append(row)
+        save(report)
         log(f"{str(sh):>20} {_cells(row)}")
     return report
 
@@ -172,8 +176,10 @@ def main(argv=None) -> int:
         (out / "l2_llm_table_compile.json").write_text(json.dumps(report, indent=1))
         print(f"\n== compile-only: {len(report['picks'])} picks emitted; {report['jobs']} ncu jobs would run ==")
         return 0
-    report = run_gpu(args, chosen, log)
-    (out / "l2_llm_table.json").write_text(json.dumps(report, indent=1, default=str))
+    def save(report):
+        (out / "l2_llm_table.json").write_text(json.dumps(report, indent=1, default=str))
+    report = run_gpu(args, chosen, log, save)
+    save(report)
     print_table(report)
     bad = [r for r in report["rows"] if "error" in r["gemmc"] or r.get("timing", {}).get("status") not in
            (None, "ok")]

@@ -144,7 +144,7 @@ def parse_ncu_csv(text: str) -> list[KernelRecord]:
     column per metric, the units in the row under the header); lines ncu or the target printed around the
     table (==PROF== ..., the target's own output) are skipped."""
     lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID",')), None)
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"') and '"Kernel Name"' in ln), None)
     if start is None:
         return []
     table = [ln for ln in lines[start:] if ln.startswith('"')]
@@ -273,7 +273,9 @@ def profile(jobs: Sequence[ProfileJob], *, calls: int = 3, ncu: Optional[str] = 
         ran = json.loads(Path(manifest).read_text())
         if last_error and not any(r.get("ok") for r in ran):
             raise ProfileError(f"ncu failed: {last_error}")
-        return results_of(jobs, ran, parse_ncu_csv(text), calls, tensor_metric)
+        # the table is in the log (--log-file takes all of ncu's output); read stdout where it is not
+        table = text if '"Kernel Name"' in text else proc.stdout
+        return results_of(jobs, ran, parse_ncu_csv(table), calls, tensor_metric)
 
 
 def results_of(jobs: Sequence[ProfileJob], ran: list, kernels: Sequence[KernelRecord], calls: int,
