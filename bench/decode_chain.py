@@ -23,7 +23,8 @@ A field a GEMM's pick cannot take (the predicate refuses it) leaves that GEMM as
 
 Correctness first: every side's chain runs once eagerly into NaN-filled outputs, and each GEMM's output is checked
 against the fp32 product of its own inputs (gemmc.reference.checked_error: relative Frobenius error under 1e-2
-and every element within its bound); a side that fails is not timed. Timing: each side's chain repeated in one
+and every element within its bound); a gemmc side that fails is not timed (cuBLAS, the baseline, is timed
+whatever its check says, which the report keeps). Timing: each side's chain repeated in one
 CUDA graph of at least --unit-us, all sides interleaved repeat by repeat, the median. The lower bound of a chain
 is the bytes it must move (weights, activations read, outputs written) at HBM_BYTES_PER_S; a side's
 `bound_fraction` = that bound / its time (1.0 would be the HBM peak, which no kernel reaches).
@@ -194,7 +195,7 @@ def prebuild(jobs: list, workers: int, log) -> None:
     from gemmc.bench.compile_pool import CompilePool
     t0 = time.time()
     results = CompilePool(jobs, workers, dtype="bf16", arch="sm_90a").collect(time.perf_counter() + 900)
-    bad = [r for r in results if not r.get("ok")]
+    bad = [r for r in results.values() if not r.get("ok")]
     log(f"prebuilt {len(jobs)} kernels in {time.time() - t0:.0f}s ({len(bad)} failed)")
 
 
@@ -227,13 +228,13 @@ def run_gpu(args, log) -> dict:
             entry.setdefault(v, {}).update({"schedules": {g: s.short() for g, s in scheds.items()}, "notes": notes})
         for name in list(sides):
             fails = check_chain(sides[name])
-            if fails:
+            if fails and name == "cublas":      # the baseline stays timed; its figures say how far off it was
+                log(f"M={m} cublas: outside gemmc's bound (still timed): {'; '.join(fails[:3])}")
+                entry.setdefault(name, {})["check"] = "; ".join(fails)
+            elif fails:
                 log(f"M={m} {name}: FAILED its check: {'; '.join(fails[:3])}")
                 entry.setdefault(name, {})["error"] = "check: " + "; ".join(fails)
                 del sides[name]
-        if "cublas" not in sides:
-            report["batches"][str(m)] = {"error": "cuBLAS's chain failed its check", "variants": entry}
-            continue
         spin_up()
         probe = clock.prepare([sides["cublas"]])
         clock.time_ms(probe)
