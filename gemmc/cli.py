@@ -25,10 +25,12 @@ from xdsl.xdsl_opt_main import xDSLOptMain
 
 from .errors import GemmcError, ScheduleError
 from .output_file import check_output_file, make_parent
+from .schedule.limits import L2_POLICIES
 
 SUBCOMMANDS: dict[str, str] = {
     "build": "gemmc.build_cli",
     "bench": "gemmc.bench.cli",
+    "profile": "gemmc.bench.profile_cli",
 }
 
 
@@ -55,7 +57,8 @@ def _stages(text: str):
     return text if text == "auto" else int(text)
 
 
-SCHEDULE_FLAGS = ("tile", "cluster", "stages", "mode", "raster", "swizzle", "split_k", "pdl", "swap_ab", "stream_k")
+SCHEDULE_FLAGS = ("tile", "cluster", "stages", "mode", "raster", "swizzle", "split_k", "pdl", "swap_ab", "stream_k",
+                  "l2_a", "l2_b", "l2_out", "l2_prefetch")
 
 
 def add_problem_and_schedule_args(p) -> None:
@@ -98,6 +101,14 @@ def add_problem_and_schedule_args(p) -> None:
                      help="stream-K (sm_90a, cooperative, split-K 1): whole waves of tiles run data-parallel, and "
                           "the tiles of the last partial wave and one full wave are split into equal (tile, k-tile) "
                           "shares per cluster; for shapes whose tiles would leave SMs idle in a partial wave")
+    for operand, what in (("a", "a's TMA loads"), ("b", "b's TMA loads (the weights)"), ("out", "the TMA store")):
+        sch.add_argument(f"--l2-{operand}", dest=f"l2_{operand}", choices=L2_POLICIES,
+                         help=f"L2 eviction priority of {what} (sm_90a): auto (gemmc's rule"
+                              + (": evict-first when the grid loads each tile once)" if operand != "out" else
+                                 ": no hint)") + ", or first, normal, last on every copy")
+    sch.add_argument("--l2-prefetch", dest="l2_prefetch", type=_stages, metavar="N|auto",
+                     help="k-tiles of the weights each CTA prefetches into L2 before waiting on the previous kernel "
+                          "(sm_90a, PDL; 0: none); auto: 2 k-tiles of a and b, in the grids of the PDL bands")
 
 
 def schedule_from_args(args, spec, cache_dir=None):

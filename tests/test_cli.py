@@ -67,8 +67,8 @@ def test_compile_swap_ab_prints_the_swapped_schedule_and_ir(capsys, shipped_only
     assert out.startswith("// schedule: 64x16x128_c1x1_pp_s10_rm_sw1_k1_swap (sm_90a)\n")
     assert "swap_ab = true" in out and "st_global" in out
     # the kernel's A is the weights (b): both TMA loads may stream evict-first; the register store has no policy
-    assert "kernel.copy b tma box 64x64 swizzle 128 evict_first true\n" in out
-    assert "kernel.copy a tma box 16x64 swizzle 128 evict_first true\n" in out
+    assert "kernel.copy b tma box 64x64 swizzle 128 l2 first_once\n" in out
+    assert "kernel.copy a tma box 16x64 swizzle 128 l2 first_once\n" in out
     assert "kernel.copy out st_global box 1x1 swizzle 0 vector 2\n" in out
     rc, _, err = gemmc_cmd(capsys, "compile", "--m", "16", "--n", "4096", "--k", "4096", "--split-k", "8", "--swap-ab")
     assert rc != 0 and "swap_ab with split_k" in err and "at most 4" in err

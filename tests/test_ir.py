@@ -245,8 +245,11 @@ def lowered_text(spec=BIAS_GELU, schedule=Schedule(tile=(128, 256, 64), cluster=
     ("swizzle 128 multicast", "swizzle 96 multicast", "swizzle 96"),
     ("kernel.copy out tma_store", "kernel.copy d tma_store", "unknown operand 'd'"),
     ("kernel.copy out tma_store", "kernel.copy a tma_store", "two copies of operand 'a'"),
-    ("tma_store box 128x32 swizzle 64\n", "tma_store box 128x32 swizzle 64 evict_first true\n",
-     "evict_first is a TMA load's L2 policy; a tma_store copy has none"),
+    ("tma_store box 128x32 swizzle 64\n", "tma_store box 128x32 swizzle 64 l2 first_once\n",
+     "l2 first_once is a TMA load's rule"),
+    ("tma_store box 128x32 swizzle 64\n", "tma_store box 128x32 swizzle 64 l2 early\n", "l2 'early'; use one of"),
+    ("ldg box 1x256 swizzle 0", "ldg box 1x256 swizzle 0 l2 last", "l2 is a TMA copy's cache hint; a ldg copy"),
+    ("pdl_prefetch_k_tiles 2", "pdl_prefetch_k_tiles 2 pdl_prefetch_of a", "pdl_prefetch_of 'a'; use ab"),
     ("stages 4 barriers", "stages 0 barriers", "stages 0"),
     ("split_k 1 split_k_mode none", "split_k 2 split_k_mode none", "split_k_mode is none or stream exactly"),
     ("split_k 1 split_k_mode none", "split_k 1 split_k_mode fixup", "split_k_mode is none or stream exactly"),
@@ -337,8 +340,8 @@ def test_plan_from_module():
         ("sm_90a", (128, 256, 64), (2, 1), "cooperative", 384)
     assert plan.warpgroups == (WarpGroup("producer", 0, 40), WarpGroup("consumer", 1, 232),
                                WarpGroup("consumer", 2, 232))
-    assert plan.copy("b") == OperandCopy("b", "tma", (128, 64), 128, 2, "m", l2_evict_first=True)
-    assert plan.copy("a") == OperandCopy("a", "tma", (128, 64), 128, 1, "", l2_evict_first=True)
+    assert plan.copy("b") == OperandCopy("b", "tma", (128, 64), 128, 2, "m", l2_policy="first_once")
+    assert plan.copy("a") == OperandCopy("a", "tma", (128, 64), 128, 1, "", l2_policy="first_once")
     assert plan.copy("bias") == OperandCopy("bias", "ldg", (1, 256), 0, 1, "", 16)
     assert plan.pipeline == Pipeline(4, ("full", "empty"), 2, (128, 32), 4 * (128 + 256) * 64 * 2 + 2 * 128 * 32 * 2
                                      + 1024)

@@ -83,8 +83,8 @@ def test_roles_sm80_uniform_warps(tile, warps, atoms):
 def test_cluster_2x1_multicasts_b_along_m():
     check(run(SQUARE, Schedule(tile=(128, 128, 64), cluster=(2, 1)), PIPELINE[:2]), """
         kernel.cluster 2x1
-        kernel.copy a tma box 128x64 swizzle 128 evict_first true
-        kernel.copy b tma box 64x64 swizzle 128 multicast 2 along m evict_first true
+        kernel.copy a tma box 128x64 swizzle 128 l2 first_once
+        kernel.copy b tma box 64x64 swizzle 128 multicast 2 along m l2 first_once
         kernel.copy out tma_store box 128x32 swizzle 64
         kernel.epilogue store tma {
     """)
@@ -94,8 +94,8 @@ def test_cluster_1x2_multicasts_a_along_n():
     text = run(SQUARE, Schedule(tile=(128, 128, 64), cluster=(1, 2)), PIPELINE[:2])
     check(text, """
         kernel.cluster 1x2
-        kernel.copy a tma box 64x64 swizzle 128 multicast 2 along n evict_first true
-        kernel.copy b tma box 128x64 swizzle 128 evict_first true
+        kernel.copy a tma box 64x64 swizzle 128 multicast 2 along n l2 first_once
+        kernel.copy b tma box 128x64 swizzle 128 l2 first_once
     """)
 
 

@@ -320,11 +320,11 @@ def test_export_import_round_trip_with_policy(tmp_path):
     pol = train_policy(ex, epochs=3)
     a.save_policy(pol)
     n = a.export(tmp_path / "x.json.gz")
-    assert n == {"measurements": 6, "policies": 1}
+    assert n == {"measurements": 6, "policies": 1, "profiles": 0}
     b = TuningDB(tmp_path / "b.sqlite")
     b.record(SPEC, "sm_90a", Measurement(_sched(9), 30.0), "H100", "random")
-    assert b.import_(tmp_path / "x.json.gz") == {"measurements": 6, "policies": 1}
-    assert b.import_(tmp_path / "x.json.gz") == {"measurements": 0, "policies": 0}   # idempotent
+    assert b.import_(tmp_path / "x.json.gz") == {"measurements": 6, "policies": 1, "profiles": 0}
+    assert b.import_(tmp_path / "x.json.gz") == {"measurements": 0, "policies": 0, "profiles": 0}   # idempotent
     assert b.count() == 7
     assert b.best(SPEC, "sm_90a", "H200").time_us == 10.0
     loaded = b.load_policy()

@@ -238,7 +238,7 @@ def _schema_version(path):
 
 
 def test_a_schema_3_file_reads_as_is_and_migrates_on_write(tmp_path):
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5        # 5: the profiles table (tests/test_l2_profile.py); 4: policies.gpu_name
     path = tmp_path / "old.sqlite"
     pol = _small_policy()
     _schema_v3_file(path, pol)
@@ -246,7 +246,7 @@ def test_a_schema_3_file_reads_as_is_and_migrates_on_write(tmp_path):
     with TuningDB.open_existing(path) as ro:          # read-only (a lookup, report, export): nothing changes
         old = ro.load_policy()
         assert old.gpu_name is None and torch.equal(old.scores(ASK, cands), pol.scores(ASK, cands))
-        assert ro.export(tmp_path / "old.json.gz") == {"measurements": 1, "policies": 1}
+        assert ro.export(tmp_path / "old.json.gz") == {"measurements": 1, "policies": 1, "profiles": 0}
     assert "gpu_name" not in _columns(path, "policies") and _schema_version(path) == "3"
     with gzip.open(tmp_path / "old.json.gz", "rt") as f:
         assert json.load(f)["policies"][0]["gpu_name"] is None
@@ -275,7 +275,7 @@ def test_export_and_import_carry_the_policys_gpu(tmp_path):
         data = json.load(f)
     assert data["schema_version"] == SCHEMA_VERSION and data["policies"][0]["gpu_name"] == H100
     b = TuningDB(tmp_path / "b.sqlite")
-    assert b.import_(tmp_path / "x.json.gz") == {"measurements": 2, "policies": 1}
+    assert b.import_(tmp_path / "x.json.gz") == {"measurements": 2, "policies": 1, "profiles": 0}
     assert b.load_policy().gpu_name == H100
 
 
@@ -288,7 +288,7 @@ def test_an_export_of_an_older_gemmc_imports_with_an_unknown_gpu(tmp_path):
     with gzip.open(tmp_path / "old.json.gz", "wt") as f:
         json.dump(old, f)
     db = TuningDB(tmp_path / "t.sqlite")
-    assert db.import_(tmp_path / "old.json.gz") == {"measurements": 0, "policies": 1}
+    assert db.import_(tmp_path / "old.json.gz") == {"measurements": 0, "policies": 1, "profiles": 0}
     assert db.load_policy().gpu_name is None
     old["policies"][0]["gpu_name"] = 7                  # damaged: refused, naming the policy
     with gzip.open(tmp_path / "bad.json.gz", "wt") as f:
@@ -473,13 +473,13 @@ def test_export_and_import_keep_every_gpus_policy(tmp_path):
     h200, h100, unknown = _small_policy(H200), _small_policy(H100, flip=True), _small_policy(None)
     for pol in (h200, h100, unknown):
         a.save_policy(pol)
-    assert a.export(tmp_path / "x.json.gz") == {"measurements": 14, "policies": 3}
-    assert b.import_(tmp_path / "x.json.gz") == {"measurements": 14, "policies": 3}
+    assert a.export(tmp_path / "x.json.gz") == {"measurements": 14, "policies": 3, "profiles": 0}
+    assert b.import_(tmp_path / "x.json.gz") == {"measurements": 14, "policies": 3, "profiles": 0}
     assert [(p.name, p.gpu_name) for p in b.policies()] == [(H100, H100), (H200, H200), ("default", None)]
     for gpu, pol in ((H200, h200), (H100, h100), ("NVIDIA GH200 480GB", unknown), (None, unknown)):
         assert _same(b.policy_for(gpu), pol)
         assert b.policy_stamp(gpu) == a.policy_stamp(gpu)
-    assert b.import_(tmp_path / "x.json.gz") == {"measurements": 0, "policies": 0}    # idempotent
+    assert b.import_(tmp_path / "x.json.gz") == {"measurements": 0, "policies": 0, "profiles": 0}    # idempotent
     c = TuningDB(tmp_path / "c.sqlite")         # a newer local policy is kept
     newer = _small_policy(H200, flip=True)
     c.save_policy(newer)
@@ -504,7 +504,7 @@ def test_an_older_single_default_policy_db_works_unchanged(tmp_path):
         assert [(p.name, p.gpu_name) for p in db.policies()] == [("default", None)]
         assert _same(db.policy_for(H100), pol) and _same(db.load_policy(), pol)
     fresh = TuningDB(tmp_path / "t.sqlite")
-    assert fresh.import_(tmp_path / "old.json.gz") == {"measurements": 1, "policies": 1}
+    assert fresh.import_(tmp_path / "old.json.gz") == {"measurements": 1, "policies": 1, "profiles": 0}
     assert [(p.name, p.gpu_name) for p in fresh.policies()] == [("default", None)]
     assert _same(fresh.policy_for(H200), pol)
 

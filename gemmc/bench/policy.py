@@ -64,10 +64,15 @@ def parse_schedule(text: str, arch: str = "sm_90a") -> Schedule:
             put("swap_ab", True, tok)
         elif tok == "streamk":
             put("stream_k", True, tok)
+        elif m := re.match(r"^l2([abo])-(\w+)$", tok):
+            put({"a": "l2_a", "b": "l2_b", "o": "l2_out"}[m[1]], m[2], tok)
+        elif m := re.match(r"^pf(\d+)$", tok):
+            put("l2_prefetch", int(m[1]), tok)
         else:
             raise PolicyError(f"schedule {text!r}: unknown token {tok!r}; use cMxN (cluster), coop|pp (mode), "
                               "sN (stages), rm|rn (raster), swN (swizzle), kN (split-K), nopdl (plain launches), "
-                              "swap (A and B swapped), streamk (stream-K)")
+                              "swap (A and B swapped), streamk (stream-K), l2a-P|l2b-P|l2o-P (L2 eviction priority "
+                              "P of a, b, the store: first, normal, last), pfN (N k-tiles prefetched under PDL)")
     return Schedule(**fields)
 
 

@@ -1,8 +1,9 @@
 """Numeric encodings of a problem and a schedule: the trained policy's (gemmc.choose.schedule_policy, trained by
 gemmc.search.rl) and the search's GP (gemmc.search.bayes).
 
-Schedule features are the factored choices (tile, cluster, mode, raster, swizzle, split-K, swap_ab) plus
-what they imply for this shape: tile counts, wave quantization, padding waste, k-loop length. A swapped
+Schedule features are the factored choices (tile, cluster, mode, raster, swizzle, split-K, swap_ab, the L2
+fields) plus what they imply for this shape: tile counts, wave quantization, padding waste, k-loop length,
+and the L2 hints and prefetch depth the kernel takes on this shape (an "auto" field resolved by its rule). A swapped
 schedule's implications are those of the kernel's own problem, out^T = b @ a^T (M and N exchanged).
 These are descriptions for a model, not limits: feasibility is decided by `gemmc.schedule` alone.
 """
@@ -11,12 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from ..schedule import ARCH_LIMITS, MODES, RASTERS, Schedule, kernel_grid, resolve_stages
+from ..schedule import (ARCH_LIMITS, L2_POLICIES, MODES, PDL_PREFETCH_K_TILES, RASTERS, Schedule, kernel_grid,
+                        pdl_trigger_bands, resolve_stages)
 from ..spec import GemmSpec
 from ..types import DType
 
-FEATURE_VERSION = 4      # 2: swap_ab among the choices, the A/B ring depth, derived features of the kernel's problem;
-                         # 3: tile N 8 (swapped 8-wide activation tiles); 4: tile N 48, 80, 112 (odd_n_tiles)
+FEATURE_VERSION = 5      # 2: swap_ab among the choices, the A/B ring depth, derived features of the kernel's problem;
+                         # 3: tile N 8 (swapped 8-wide activation tiles); 4: tile N 48, 80, 112 (odd_n_tiles);
+                         # 5: the L2 fields (eviction priorities of a, b and the store; the PDL prefetch depth)
 
 TILE_M_VOCAB = (64, 128, 256)
 TILE_N_VOCAB = (8, 16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)
@@ -69,7 +72,38 @@ def choice_features(s: Schedule) -> list[float]:
     bm, bn, bk = s.tile
     return [*_onehot(bm, TILE_M_VOCAB), *_onehot(bn, TILE_N_VOCAB), *_onehot(bk, TILE_K_VOCAB),
             *_onehot(tuple(s.cluster), CLUSTER_VOCAB), *_onehot(s.mode, MODES), *_onehot(s.raster, RASTERS),
-            *_onehot(s.swizzle, SWIZZLE_VOCAB), *_onehot(s.split_k, SPLIT_K_VOCAB), float(s.swap_ab)]
+            *_onehot(s.swizzle, SWIZZLE_VOCAB), *_onehot(s.split_k, SPLIT_K_VOCAB), float(s.swap_ab),
+            *_onehot(s.l2_a, L2_POLICIES), *_onehot(s.l2_b, L2_POLICIES), *_onehot(s.l2_out, L2_POLICIES),
+            float(s.l2_prefetch == "auto"), 0.0 if s.l2_prefetch == "auto" else math.log2(1 + s.l2_prefetch)]
+
+
+# an eviction priority as a number: evict-first streams, evict-last keeps (no hint: 0)
+_PRIORITY = {"first": -1.0, "normal": 0.0, "last": 1.0, "": 0.0}
+
+
+def effective_l2(s: Schedule, spec: GemmSpec) -> list[float]:
+    """What the L2 fields do on this shape: the priority of a's loads, b's loads and the store (an "auto" load
+    is evict-first when the grid loads each of its tiles once: one tile or cluster across the other extent),
+    and log2(1 + k-tiles prefetched before the PDL wait) ("auto": 2 in the PDL bands' grids, else 0)."""
+    bm, bn, _ = s.tile
+    cm, cn = s.cluster
+    # the kernel's rows and columns: swapped, its A is b (rows over N) and its B is a (columns over M)
+    rows, cols = (spec.n, spec.m) if s.swap_ab else (spec.m, spec.n)
+    once_kernel_a = math.ceil(cols / bn) <= cn      # each of the kernel's A tiles loads once
+    once_kernel_b = math.ceil(rows / bm) <= cm
+    once = {"a": once_kernel_b if s.swap_ab else once_kernel_a, "b": once_kernel_a if s.swap_ab else once_kernel_b}
+    prio = [_PRIORITY["first" if once[op] else ""] if getattr(s, f"l2_{op}") == "auto"
+            else _PRIORITY[getattr(s, f"l2_{op}")] for op in ("a", "b")]
+    prio.append(_PRIORITY[s.l2_out if s.l2_out != "auto" else ""])
+    if s.l2_prefetch != "auto":
+        depth = s.l2_prefetch if s.pdl else 0
+    else:
+        tm, tn, tmc, tnc = kernel_grid(s, spec.m, spec.n)
+        sms = ARCH_LIMITS[s.arch].num_sms
+        ctas = min(tmc * tnc * s.split_k, sms)
+        early, full = pdl_trigger_bands(sms)
+        depth = PDL_PREFETCH_K_TILES if s.pdl and (ctas <= early or ctas >= full) else 0
+    return [*prio, math.log2(1 + depth)]
 
 
 def describes(s: Schedule) -> bool:
@@ -87,7 +121,7 @@ def gp_features(s: Schedule, spec: GemmSpec) -> list[float]:
     cm, cn = s.cluster
     return [math.log2(bm), math.log2(bn), math.log2(bk), math.log2(cm), math.log2(cn),
             float(s.mode == "pingpong"), float(s.raster == "n"), math.log2(s.swizzle), math.log2(s.split_k),
-            float(s.swap_ab), *derived_features(s, spec)]
+            float(s.swap_ab), *derived_features(s, spec), *effective_l2(s, spec)]
 
 
 @dataclass(frozen=True)
@@ -96,7 +130,8 @@ class FeatureSpec:
     version: int = FEATURE_VERSION
     shape: tuple[str, ...] = SHAPE_FEATURES
     choice_dim: int = (len(TILE_M_VOCAB) + len(TILE_N_VOCAB) + len(TILE_K_VOCAB) + len(CLUSTER_VOCAB)
-                       + len(MODES) + len(RASTERS) + len(SWIZZLE_VOCAB) + len(SPLIT_K_VOCAB) + 1)
+                       + len(MODES) + len(RASTERS) + len(SWIZZLE_VOCAB) + len(SPLIT_K_VOCAB) + 1
+                       + 3 * len(L2_POLICIES) + 2)
     derived: tuple[str, ...] = DERIVED_FEATURES
 
     @property

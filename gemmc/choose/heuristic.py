@@ -83,8 +83,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from ..errors import ScheduleError
-from ..schedule import (ARCH_LIMITS, Schedule, ScheduleSpace, ab_stage_bytes, accumulator_regs, check_schedule,
-                        default_schedule, enumerate_schedules, kernel_grid, pdl_trigger_bands, resolve_stages)
+from ..schedule import (ARCH_LIMITS, L2_FIELDS, Schedule, ScheduleSpace, ab_stage_bytes, accumulator_regs,
+                        check_schedule, default_schedule, enumerate_schedules, kernel_grid, pdl_trigger_bands,
+                        resolve_stages)
 from ..spec import GemmSpec
 from ..types import as_arch
 
@@ -295,9 +296,9 @@ def estimate(s: Schedule, spec: GemmSpec, num_sms: int | None = None, m_hint: in
 
 
 def _tie_break(s: Schedule) -> tuple:
-    """Among equal predictions prefer the simpler schedule: small clusters, no split-K, no swizzle."""
+    """Among equal predictions prefer the simpler schedule: small clusters, no split-K, no swizzle, the L2 rules."""
     return (s.cluster[0] * s.cluster[1], s.split_k, s.swizzle, s.raster != "m", s.mode != "cooperative",
-            s.short())
+            sum(getattr(s, f) != "auto" for f in L2_FIELDS), s.short())
 
 
 # the wave-balancing N tiles (96, 160, 224) win at M <= 256 and lose at large M, where the model would still

@@ -26,9 +26,9 @@ from .. import __version__
 from ..schedule import Schedule
 from ..spec import GemmSpec
 from ..types import as_arch
-from .measurement import SUSTAINED, Measurement
-from .tuning_db_schema import (CONFIRM, DEFAULT_POLICY, FIELDS, HINT, KEY_COLUMNS, TABLES, TuningDBError,
-                               default_path, problem_key)
+from .measurement import SUSTAINED, L2Profile, Measurement
+from .tuning_db_schema import (CONFIRM, CUBLAS_SCHEDULE, DEFAULT_POLICY, FIELDS, HINT, KEY_COLUMNS, TABLES,
+                               TuningDBError, default_path, problem_key)
 from .tuning_db_verdict import (PairedFigure, ScheduleFigure, disqualifying, failed_check, parse_schedule,
                                 rank_by_verdict, schedule_figures, succeeded, timing_of, version_key)
 
@@ -305,6 +305,35 @@ class TuningDBReader:
 
     def rows(self) -> list[dict]:
         return [dict(r) for r in self.conn.execute("SELECT * FROM measurements ORDER BY id")]
+
+    # ---- profiles: ncu's metrics per schedule (schema 5) ---------------------------------------------
+    def has_profiles(self) -> bool:
+        """Whether the file has the profiles table (a schema-4 or older file opened read-only has not)."""
+        return self.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'profiles'"
+                                 ).fetchone() is not None
+
+    def profile_rows(self) -> list[dict]:
+        if not self.has_profiles():
+            return []
+        return [dict(r) for r in self.conn.execute("SELECT * FROM profiles ORDER BY id")]
+
+    def profiles(self, problem: str, gpu_name: Optional[str] = None) -> dict:
+        """{Schedule, or None for cuBLAS: its newest profile} of one problem (its `problem_key`), on `gpu_name`
+        when given (else on any GPU, the newest)."""
+        if not self.has_profiles():
+            return {}
+        q, args = "SELECT * FROM profiles WHERE problem = ?", [problem]
+        if gpu_name is not None:
+            q += " AND gpu_name = ?"
+            args.append(gpu_name)
+        out: dict = {}
+        for r in self.conn.execute(q + " ORDER BY created_at, id", args):
+            key = None if r["schedule"] == CUBLAS_SCHEDULE else Schedule.from_dict(json.loads(r["schedule"]))
+            out[key] = L2Profile.from_dict(dict(r))
+        return out
+
+    def profiles_of(self, spec: GemmSpec, arch: str, gpu_name: Optional[str] = None) -> dict:
+        return self.profiles(problem_key(spec, arch), gpu_name)
 
     # ---- policy weights: one per GPU (module docstring) -------------------------------------------
     def policies(self) -> list[StoredPolicy]:

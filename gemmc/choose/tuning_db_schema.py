@@ -16,9 +16,10 @@ from ..errors import GemmcError
 from ..spec import GemmSpec
 from ..types import as_arch
 
-SCHEMA_VERSION = 4      # 2: the min-time view best_per_problem is gone (the verdict is paired, in Python);
+SCHEMA_VERSION = 5      # 2: the min-time view best_per_problem is gone (the verdict is paired, in Python);
                         # 3: a measurement's `timing` (own-clock rows of long calls outrank interleaved ones);
-                        # 4: the GPU a policy was trained for (policies.gpu_name; NULL: unknown, as in older files)
+                        # 4: the GPU a policy was trained for (policies.gpu_name; NULL: unknown, as in older files);
+                        # 5: the profiles table (ncu's L2 hit rate, DRAM bytes, SM clock, tensor pipe per schedule)
 CONFIRM = "confirm"     # the strategy of the rows `gemmc-search tune` re-measures after a search
 ALSO = "also"           # the strategy of the rows `gemmc-search tune --also` measures besides the search
 
@@ -37,6 +38,16 @@ CREATE TABLE IF NOT EXISTS measurements (
     timing TEXT                       -- 'sustained': each side timed at its own power-capped clock; NULL: interleaved
 );
 CREATE INDEX IF NOT EXISTS measurements_problem ON measurements (problem, gpu_name);
+CREATE TABLE IF NOT EXISTS profiles (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    problem TEXT NOT NULL, gpu_name TEXT NOT NULL,
+    schedule TEXT NOT NULL,           -- canonical JSON of the Schedule; '' for cuBLAS (torch.matmul)
+    l2_hit_rate REAL, dram_read_bytes REAL, dram_write_bytes REAL, sm_clock_mhz REAL, duration_us REAL,
+    tensor_pipe_pct REAL, kernels INTEGER,
+    tool TEXT NOT NULL,               -- what measured it: ncu and its settings
+    gemmc_version TEXT NOT NULL, created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS profiles_problem ON profiles (problem, gpu_name);
 CREATE TABLE IF NOT EXISTS policies (
     name TEXT PRIMARY KEY, blob BLOB NOT NULL, feature_spec TEXT NOT NULL,
     trained_shapes INTEGER, gemmc_version TEXT NOT NULL, created_at REAL NOT NULL,
@@ -46,6 +57,9 @@ CREATE TABLE IF NOT EXISTS policies (
 COLUMNS = ("problem", "m", "n", "k", "batch", "dtype", "out_dtype", "acc_dtype", "a_layout", "b_layout",
            "epilogue_class", "arch", "gpu_name", "schedule", "time_us", "cublas_us", "compile_s", "error",
            "strategy", "gemmc_version", "created_at", "timing")
+PROFILE_COLUMNS = ("problem", "gpu_name", "schedule", "l2_hit_rate", "dram_read_bytes", "dram_write_bytes",
+                   "sm_clock_mhz", "duration_us", "tensor_pipe_pct", "kernels", "tool", "gemmc_version", "created_at")
+CUBLAS_SCHEDULE = ""        # profiles.schedule of a cuBLAS (torch.matmul) row
 DEFAULT_POLICY = "default"  # the name of a policy of unknown GPU; a GPU's policy is stored under the GPU's name
 POLICY_COLUMNS = ("name", "blob", "feature_spec", "trained_shapes", "gemmc_version", "created_at", "gpu_name")
 

@@ -17,7 +17,7 @@ from xdsl.parser import AttrParser
 from xdsl.printer import Printer
 from xdsl.utils.exceptions import VerifyException
 
-from ..schedule import Schedule
+from ..schedule import L2_FIELDS, Schedule
 from ..types import ARCHS, DType
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -174,13 +174,18 @@ class ScheduleAttr(ParametrizedAttribute):
     pdl: BoolAttr               # printed only when false, like Schedule.short()'s "_nopdl"
     swap_ab: BoolAttr           # printed only when true, like Schedule.short()'s "_swap"
     stream_k: BoolAttr          # printed only when true, like Schedule.short()'s "_streamk"
+    l2_a: StringAttr            # the L2 fields, printed only when not "auto": an eviction priority...
+    l2_b: StringAttr
+    l2_out: StringAttr
+    l2_prefetch: StringAttr     # ...and "auto" or a number of k-tiles
 
     @staticmethod
     def from_schedule(s: Schedule) -> "ScheduleAttr":
         return ScheduleAttr(ints_attr(s.tile), ints_attr(s.cluster), StringAttr(str(s.stages)),
                             StringAttr(s.mode), StringAttr(s.raster), IntAttr(int(s.swizzle)),
                             IntAttr(int(s.split_k)), StringAttr(s.arch), BoolAttr.from_bool(bool(s.pdl)),
-                            BoolAttr.from_bool(bool(s.swap_ab)), BoolAttr.from_bool(bool(s.stream_k)))
+                            BoolAttr.from_bool(bool(s.swap_ab)), BoolAttr.from_bool(bool(s.stream_k)),
+                            *(StringAttr(str(getattr(s, f))) for f in L2_FIELDS))
 
     def to_schedule(self) -> Schedule:
         stages = self.stages.data
@@ -188,7 +193,8 @@ class ScheduleAttr(ParametrizedAttribute):
                         stages=stages if stages == "auto" else int(stages), mode=self.mode.data,
                         raster=self.raster.data, swizzle=self.swizzle.data, split_k=self.split_k.data,
                         arch=self.arch.data, pdl=bool(self.pdl.value.data),
-                        swap_ab=bool(self.swap_ab.value.data), stream_k=bool(self.stream_k.value.data))
+                        swap_ab=bool(self.swap_ab.value.data), stream_k=bool(self.stream_k.value.data),
+                        **{f: getattr(self, f).data for f in L2_FIELDS})
 
     def verify(self) -> None:
         if len(self.tile.data) != 3:
@@ -199,6 +205,9 @@ class ScheduleAttr(ParametrizedAttribute):
             raise VerifyException(f"#gemmc.schedule: stages {self.stages.data!r} must be a number or 'auto'")
         if self.arch.data not in ARCHS:
             raise VerifyException(f"#gemmc.schedule: arch {self.arch.data!r}; use one of {ARCHS}")
+        if self.l2_prefetch.data != "auto" and not self.l2_prefetch.data.isdigit():
+            raise VerifyException(f"#gemmc.schedule: l2_prefetch {self.l2_prefetch.data!r} must be a number of "
+                                  "k-tiles or 'auto'")
 
     def print_parameters(self, printer: Printer) -> None:
         with printer.in_angle_brackets():
@@ -219,6 +228,14 @@ class ScheduleAttr(ParametrizedAttribute):
                 printer.print_string(", swap_ab = true")
             if self.stream_k.value.data:
                 printer.print_string(", stream_k = true")
+            for f in L2_FIELDS:
+                word = getattr(self, f).data
+                if word != "auto":
+                    printer.print_string(f", {f} = ")
+                    if word.isdigit():
+                        printer.print_string(word)
+                    else:
+                        print_word(printer, word)
 
     @classmethod
     def parse_parameters(cls, parser: AttrParser):
@@ -238,16 +255,23 @@ class ScheduleAttr(ParametrizedAttribute):
                     values[f] = StringAttr(str(n) if n is not None else parse_word(parser, f))
                 else:
                     values[f] = StringAttr(parse_word(parser, f))
-            # absent: their defaults (pdl on, not swapped, no stream-K)
+            # absent: their defaults (pdl on, not swapped, no stream-K, the L2 rules)
             flags = {"pdl": True, "swap_ab": False, "stream_k": False}
+            l2 = {f: "auto" for f in L2_FIELDS}
+            named = ", ".join([*flags, *l2])
             while parser.parse_optional_punctuation(","):
-                key = parser.parse_identifier("pdl, swap_ab or stream_k")
-                if key not in flags:
-                    parser.raise_error(f"#gemmc.schedule: unknown flag {key!r}; expected pdl, swap_ab or stream_k")
+                key = parser.parse_identifier(named)
+                if key not in flags and key not in l2:
+                    parser.raise_error(f"#gemmc.schedule: unknown field {key!r}; expected one of {named}")
                 parser.parse_punctuation("=")
-                flags[key] = parser.parse_boolean()
+                if key in flags:
+                    flags[key] = parser.parse_boolean()
+                else:
+                    n = parser.parse_optional_integer(allow_boolean=False)
+                    l2[key] = str(n) if n is not None else parse_word(parser, key)
         return (*(values[f] for f in SCHEDULE_FIELDS), BoolAttr.from_bool(flags["pdl"]),
-                BoolAttr.from_bool(flags["swap_ab"]), BoolAttr.from_bool(flags["stream_k"]))
+                BoolAttr.from_bool(flags["swap_ab"]), BoolAttr.from_bool(flags["stream_k"]),
+                *(StringAttr(l2[f]) for f in L2_FIELDS))
 
 
 Gemmc = Dialect("gemmc", [], [TensorType, ScheduleAttr])

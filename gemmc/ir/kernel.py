@@ -7,8 +7,8 @@
     kernel.warpgroup consumer index 2 regs 232 warps 4
     kernel.mma wgmma inst 64x128x16 atoms 2x1x1
     kernel.cluster 2x1                                              // tma-cluster-layout
-    kernel.copy a tma box 128x64 swizzle 128 evict_first true
-    kernel.copy b tma box 64x64 swizzle 128 multicast 2 along m evict_first true
+    kernel.copy a tma box 128x64 swizzle 128 l2 first_once
+    kernel.copy b tma box 64x64 swizzle 128 multicast 2 along m l2 first_once
     kernel.copy out tma_store box 128x32 swizzle 64
     kernel.pipeline stages 6 barriers [full, empty] epi_stages 2 epi_tile 128x32 smem 214016   // pipeline-staging
     kernel.tile_scheduler persistent true raster m swizzle 1 split_k 1 split_k_mode none pdl true pdl_early_ctas 82 pdl_full_ctas 118 pdl_prefetch_k_tiles 2 max_active_clusters 66
@@ -20,7 +20,8 @@
 
 Every fact op prints as `kernel.<op> <positional values> (<keyword> <value>)*`, from its FIELDS table,
 which also declares its properties; a field left out of the text holds its default (a_from smem,
-multicast 1, ...).
+multicast 1, ...). A schedule's L2 fields show on the copies (l2_a = last: `kernel.copy a ... l2 last`) and
+the tile scheduler (l2_prefetch = 8: `pdl_prefetch_k_tiles 8 pdl_prefetch_of b pdl_prefetch_banded false`).
 """
 from __future__ import annotations
 
@@ -222,13 +223,16 @@ class ClusterOp(FactOp):
 
 @irdl_op_definition
 class CopyOp(FactOp):
-    """How one operand moves between global and shared memory (or registers)."""
+    """How one operand moves between global and shared memory (or registers). `l2`: the L2 eviction priority
+    of a TMA copy's cache hint: first, normal or last on every copy; first_once (A and B loads) evict-first in
+    the calls whose grid loads each of the operand's tiles once, else the default; absent: no hint chosen."""
     name = "kernel.copy"
     FIELDS: ClassVar[tuple] = (("operand", None, "word", _REQUIRED), ("kind", None, "word", _REQUIRED),
               ("box", "box", "shape", _REQUIRED), ("swizzle_bytes", "swizzle", "int", _REQUIRED),
               ("multicast", "multicast", "int", 1), ("multicast_along", "along", "word", ""),
-              ("vector_bytes", "vector", "int", 16), ("l2_evict_first", "evict_first", "bool", False))
+              ("vector_bytes", "vector", "int", 16), ("l2_policy", "l2", "word", ""))
     KINDS: ClassVar[tuple] = ("tma", "tma_store", "cp_async", "ldg", "st_global")
+    L2_POLICIES: ClassVar[tuple] = ("", "first_once", "first", "normal", "last")
 
     def check(self) -> None:
         v = self.values()
@@ -239,8 +243,13 @@ class CopyOp(FactOp):
         self.fail_unless((v["multicast"] > 1) == (v["multicast_along"] in ("m", "n")),
                          "a multicast copy says along m or n; a plain copy says neither")
         self.fail_unless(v["vector_bytes"] in (2, 4, 8, 16), f"vector {v['vector_bytes']}; use 2, 4, 8 or 16 bytes")
-        self.fail_unless(not v["l2_evict_first"] or v["kind"] == "tma",
-                         f"evict_first is a TMA load's L2 policy; a {v['kind']} copy has none")
+        self.fail_unless(v["l2_policy"] in self.L2_POLICIES,
+                         f"l2 {v['l2_policy']!r}; use one of {self.L2_POLICIES[1:]} (or leave it out: no hint)")
+        self.fail_unless(not v["l2_policy"] or v["kind"] in ("tma", "tma_store"),
+                         f"l2 is a TMA copy's cache hint; a {v['kind']} copy has none")
+        self.fail_unless(v["l2_policy"] != "first_once" or v["kind"] == "tma",
+                         "l2 first_once is a TMA load's rule (per call, from the grid); a store takes first, normal "
+                         "or last")
 
 
 @irdl_op_definition
@@ -275,13 +284,18 @@ class TileSchedulerOp(FactOp):
     the kernels launch as programmatic dependents (pdl: griddepcontrol, sm_90a only; absent = plain).
     split_k_mode says who sums the split-K partials (in split order): serial = a second, reduce kernel;
     fixup = the GEMM kernel, the last split of each tile to finish (sm_90a); stream = stream-K (split_k 1):
-    each cluster takes an equal share of all k-iterations, and the last CTA of a split tile sums its partials."""
+    each cluster takes an equal share of all k-iterations, and the last CTA of a split tile sums its partials.
+    Under pdl, the kernel prefetches pdl_prefetch_k_tiles k-tiles of its first tile into L2 before it waits:
+    of both operands (pdl_prefetch_of ab) or of b only (the weights), and only in grids of the PDL bands
+    (pdl_prefetch_banded true) or in every grid."""
     name = "kernel.tile_scheduler"
     FIELDS: ClassVar[tuple] = (("persistent", "persistent", "bool", _REQUIRED), ("raster", "raster", "word", _REQUIRED),
               ("swizzle", "swizzle", "int", _REQUIRED), ("split_k", "split_k", "int", _REQUIRED),
               ("split_k_mode", "split_k_mode", "word", _REQUIRED), ("pdl", "pdl", "bool", False),
               ("pdl_early_ctas", "pdl_early_ctas", "int", 0), ("pdl_full_ctas", "pdl_full_ctas", "int", 0),
               ("pdl_prefetch_k_tiles", "pdl_prefetch_k_tiles", "int", 0),
+              ("pdl_prefetch_of", "pdl_prefetch_of", "word", "ab"),
+              ("pdl_prefetch_banded", "pdl_prefetch_banded", "bool", True),
               ("max_active_clusters", "max_active_clusters", "int", 0))
 
     def check(self) -> None:
@@ -298,6 +312,8 @@ class TileSchedulerOp(FactOp):
                          "pdl_full_ctas is 0 (none), or above pdl_early_ctas under pdl")
         self.fail_unless(v["pdl_prefetch_k_tiles"] >= 0 and (v["pdl"] or v["pdl_prefetch_k_tiles"] == 0),
                          "pdl_prefetch_k_tiles is >= 0, and 0 without pdl")
+        self.fail_unless(v["pdl_prefetch_of"] in ("ab", "b"),
+                         f"pdl_prefetch_of {v['pdl_prefetch_of']!r}; use ab (both operands) or b (the weights)")
         self.fail_unless((v["max_active_clusters"] >= 1) == bool(v["persistent"]) and v["max_active_clusters"] >= 0,
                          "max_active_clusters (the persistent grid's cap: clusters resident at once) is >= 1 exactly "
                          "when persistent is true; run pipeline-staging to set it")

@@ -49,9 +49,10 @@ class OperandCopy:                      # tma-cluster-layout
     multicast: int                      # number of CTAs receiving each load (1: none)
     multicast_along: str = ""           # "n" (A: CTAs of one cluster row) | "m" (B) | ""
     vector_bytes: int = 16              # cp.async width (SM80)
-    # TMA loads marked evict-first in L2 whenever the grid loads each of this operand's tiles once (one
-    # tile, or one cluster, across the other operand's extent): decode weights stream through L2
-    l2_evict_first: bool = False
+    # the L2 eviction priority of a TMA copy's cache hint: "first" | "normal" | "last" on every copy;
+    # "first_once" (A and B loads): evict-first whenever the grid loads each of this operand's tiles once (one
+    # tile, or one cluster, across the other operand's extent: decode weights stream through L2); "": no hint
+    l2_policy: str = ""
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,11 @@ class TileScheduler:                    # lowering of the schedule (pipeline-sta
     # kernel launch once their last load is issued; the others once their last stage is released
     pdl_early_ctas: int = 0
     pdl_full_ctas: int = 0
-    # PDL: grids in those two bands first prefetch this many k-tiles of their first tile into L2, then wait
+    # PDL: grids first prefetch this many k-tiles of their first tile into L2, then wait: of both operands
+    # ("ab") or of b, the weights ("b"); in the grids of those two bands (banded) or in every grid
     pdl_prefetch_k_tiles: int = 0
+    pdl_prefetch_of: str = "ab"
+    pdl_prefetch_banded: bool = True
     # a persistent grid's size cap: the clusters of this shape resident at once (ArchLimits; 0: not persistent)
     max_active_clusters: int = 0
 

@@ -21,8 +21,8 @@ from xdsl.passes import ModulePass
 
 from ..errors import BuildError
 from ..ir.kernel import PipelineOp, TileSchedulerOp
-from ..schedule import (ARCH_LIMITS, EPI_STAGES, SM80_COMPILE_ARCHS, Schedule, epilogue_tile, pdl_trigger_bands,
-                        resolve_stages, sm80_ring_smem_bytes, smem_bytes, split_k_mode)
+from ..schedule import (ARCH_LIMITS, EPI_STAGES, PDL_PREFETCH_K_TILES, SM80_COMPILE_ARCHS, Schedule, epilogue_tile,
+                        pdl_trigger_bands, resolve_stages, sm80_ring_smem_bytes, smem_bytes, split_k_mode)
 from ..spec import GemmSpec
 from .common import kernel_op, layout_schedule
 
@@ -55,20 +55,25 @@ def tile_scheduler(s: Schedule) -> TileSchedulerOp:
     return TileSchedulerOp.make(persistent=persistent, raster=s.raster, swizzle=s.swizzle,
                                 split_k=s.split_k, split_k_mode=split_k_mode(s),
                                 pdl=pdl, pdl_early_ctas=early, pdl_full_ctas=full,
-                                pdl_prefetch_k_tiles=PDL_PREFETCH_K_TILES if pdl else 0,
+                                **pdl_prefetch(s, pdl),
                                 max_active_clusters=max_active_clusters(s) if persistent else 0)
+
+
+def pdl_prefetch(s: Schedule, pdl: bool) -> dict:
+    """The L2 prefetch before griddepcontrol.wait: "auto" prefetches PDL_PREFETCH_K_TILES of both operands in
+    the banded grids; a number of k-tiles prefetches the weights (b: the previous kernel may still be writing
+    a) in every grid: a schedule that asks for it is measured with it. None without PDL."""
+    if not pdl or s.l2_prefetch == 0:
+        return {"pdl_prefetch_k_tiles": 0}
+    if s.l2_prefetch == "auto":
+        return {"pdl_prefetch_k_tiles": PDL_PREFETCH_K_TILES}
+    return {"pdl_prefetch_k_tiles": s.l2_prefetch, "pdl_prefetch_of": "b", "pdl_prefetch_banded": False}
 
 
 def max_active_clusters(s: Schedule) -> int:
     """The persistent grid never exceeds the clusters resident at once: GPCs strand SMs, so 132 // size
     clusters would run the last ones as a second wave (ArchLimits.max_active_clusters, measured)."""
     return ARCH_LIMITS[s.arch].active_clusters(s.cluster[0] * s.cluster[1])
-
-
-# Before griddepcontrol.wait, grids in the early bands prefetch the first k-tiles of their first tile into
-# L2 (safe: L2 is the point of coherence). H200, 50 llm shapes back to back: 2 k-tiles lifted M <= 128 by
-# 0.7% and M = 256 by 1.2%, 4 gained less, 8 and 16 lost up to 28%; 96-CTA grids lost 4% even at 2.
-PDL_PREFETCH_K_TILES = 2
 
 
 def pdl_bands(s: Schedule) -> tuple[int, int]:

@@ -3,9 +3,12 @@
 SM90: A is shared by the CTAs of one cluster row, so each of the cluster's N-extent CTAs loads a
 1/cluster_n slice and multicasts it (along n); B likewise along m. One TMA box per operand; its
 smem swizzle is the widest of 128/64/32 B that the tile's contiguous extent fills. C goes
-registers -> smem -> TMA store in epilogue sub-tiles. A and B loads are evict-first in L2 in the calls
-whose grid loads each of their tiles once (the kernel decides per call, from M and N): H200 decode
-shapes, weights read once, ran 1.9% faster (M <= 128, 32 llm shapes), and M >= 1024 is unchanged.
+registers -> smem -> TMA store in epilogue sub-tiles.
+L2 cache hints (the schedule's l2_a, l2_b, l2_out): by default ("auto") A and B loads are evict-first in
+L2 in the calls whose grid loads each of their tiles once (`first_once`: the kernel decides per call, from
+M and N): H200 decode shapes, weights read once, ran 1.9% faster (M <= 128, 32 llm shapes), and M >= 1024
+is unchanged; the store has no hint. A schedule may instead hint every copy of an operand first, normal or
+last (the store too, when the kernel stores with TMA).
 SM80: 16-byte cp.async into swizzled smem; the epilogue stores straight from registers.
 Swapped A and B (schedule swap_ab, SM90): the kernel's A is the problem's b (tile rows bm, multicast
 along n) and its B is a (rows bn, along m); the epilogue stores each element from registers at its
@@ -41,6 +44,15 @@ def _operand_box(rows: int, cols: int, dtype: DType, swizzle: int) -> tuple[int,
     return rows, min(cols, swizzle // dtype.bytes) if swizzle else cols
 
 
+# the L2 hint a TMA copy takes when its schedule field is "auto": loads the per-call rule, the store none
+AUTO_L2 = {"load": "first_once", "store": ""}
+
+
+def l2_policy(choice: str, copy: str) -> str:
+    """The `kernel.copy ... l2` word of a schedule's L2 field (`choice`) for a TMA "load" or "store"."""
+    return AUTO_L2[copy] if choice == "auto" else choice
+
+
 def operand_copies(s: Schedule, spec: GemmSpec) -> list[CopyOp]:
     bm, bn, bk = s.tile
     cm, cn = s.cluster
@@ -56,7 +68,8 @@ def operand_copies(s: Schedule, spec: GemmSpec) -> list[CopyOp]:
             sw = swizzle_bytes(cols, spec.dtype)
             copies.append(CopyOp.make(operand=operand, kind="tma", box=_operand_box(rows, cols, spec.dtype, sw),
                                       swizzle_bytes=sw, multicast=multicast,
-                                      multicast_along=along if multicast > 1 else "", l2_evict_first=True))
+                                      multicast_along=along if multicast > 1 else "",
+                                      l2_policy=l2_policy(getattr(s, f"l2_{operand}"), "load")))
         else:
             rows, cols = (extent, bk) if k_major else (bk, extent)
             copies.append(CopyOp.make(operand=operand, kind="cp_async", box=(rows, cols),
@@ -69,7 +82,8 @@ def operand_copies(s: Schedule, spec: GemmSpec) -> list[CopyOp]:
                                   vector_bytes=spec.out_dtype.bytes))
     elif sm90:
         copies.append(CopyOp.make(operand="out", kind="tma_store", box=(em, en),
-                                  swizzle_bytes=swizzle_bytes(sw_cols, spec.out_dtype)))
+                                  swizzle_bytes=swizzle_bytes(sw_cols, spec.out_dtype),
+                                  l2_policy=l2_policy(s.l2_out, "store")))
     for x in spec.inputs:
         if x.kind == "full":
             if sm90 and not s.swap_ab:   # loaded per epilogue sub-tile, through the same smem staging as C

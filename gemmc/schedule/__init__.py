@@ -10,14 +10,15 @@ accumulator registers) is the same one `pipeline-staging` uses to choose stages.
   space      the schedule space the search and the heuristic enumerate
 """
 # the package's public names, as `from gemmc.schedule import ...` has always found them
-from .knobs import Schedule, Violation  # noqa: F401
+from .knobs import L2_FIELDS, Schedule, Violation  # noqa: F401
 from .limits import (ARCH_LIMITS, ArchLimits, BARRIER_RESERVE_BYTES, CONSUMER_REG_OVERHEAD,  # noqa: F401
                      CONSUMER_REG_OVERHEAD_EPILOGUE, CONSUMER_REG_OVERHEAD_EPILOGUE_SUMS,
                      CONSUMER_REG_OVERHEAD_EPILOGUE_SUMS_PINGPONG, CONSUMER_REGS, CONSUMER_REGS_MAX, EPI_STAGES,
-                     EPI_TILE_N, GRID_YZ_MAX, INT32_MAX, MODES, pdl_trigger_bands, PRODUCER_REGS, PRODUCER_REGS_MIN,
-                     RASTERS, SM80_COMPILE_ARCHS, SM80_MAX_REGS, SM80_REG_OVERHEAD, SPLITK_REDUCE_COLUMNS, SWIZZLES)
+                     EPI_TILE_N, GRID_YZ_MAX, INT32_MAX, L2_POLICIES, L2_PREFETCH_MAX, MODES, PDL_PREFETCH_K_TILES,
+                     pdl_trigger_bands, PRODUCER_REGS, PRODUCER_REGS_MIN, RASTERS, SM80_COMPILE_ARCHS, SM80_MAX_REGS,
+                     SM80_REG_OVERHEAD, SPLITK_REDUCE_COLUMNS, SWIZZLES)
 from .predicate import (alignment_violations, check_schedule, gate_violations, is_valid,  # noqa: F401
-                        launch_violations, require_valid)
+                        l2_violations, launch_violations, require_valid)
 from .resources import (ab_stage_bytes, accumulator_regs, consumer_reg_overhead, consumer_regs_needed,  # noqa: F401
                         consumer_warpgroups, epilogue_smem_bytes, epilogue_tile, FIXUP_MAX_SPLITS, kernel_grid,
                         max_stages, register_budgets, register_pool, resolve_stages, sm80_ring_smem_bytes, sm80_warps,

@@ -28,6 +28,16 @@ class Schedule:
     # stream-K (sm_90a, cooperative, split_k 1): whole waves run data-parallel, the last partial wave's tiles
     # and one full wave's are shared out as equal (tile, k-tile) runs; the last CTA of a split tile sums them.
     stream_k: bool = False
+    # L2 eviction priority of the TMA loads of the problem's a and b, and of the TMA store (sm_90a): "auto" is
+    # gemmc's rule (a load is evict-first in the calls whose grid loads each of its tiles once, the store has no
+    # hint); "first", "normal" or "last" hints every copy of that operand
+    l2_a: str = "auto"
+    l2_b: str = "auto"
+    l2_out: str = "auto"
+    # PDL (sm_90a): k-tiles of the weights (the problem's b) of each CTA's first tile that the kernel prefetches
+    # into L2 before it waits for the previous kernel (0: none); "auto": 2 k-tiles of a and b, and only in the
+    # grids that let the next kernel launch early (pipeline-staging's PDL bands)
+    l2_prefetch: Union[int, str] = "auto"
 
     def __post_init__(self):
         # lossless normalization only (lists to tuples, numpy ints to int, "4" to 4): a malformed value stays
@@ -42,6 +52,10 @@ class Schedule:
             set_("stages", _as_int(self.stages))
         set_("swizzle", _as_int(self.swizzle))
         set_("split_k", _as_int(self.split_k))
+        if isinstance(self.l2_prefetch, str) and self.l2_prefetch.isdigit():
+            set_("l2_prefetch", int(self.l2_prefetch))
+        elif self.l2_prefetch != "auto":
+            set_("l2_prefetch", _as_int(self.l2_prefetch))
 
     def to_dict(self) -> dict:
         """`pdl` appears only when off, so the dicts recorded before it existed (datasets, tuning DBs,
@@ -53,6 +67,9 @@ class Schedule:
             del d["swap_ab"]
         if d["stream_k"] is False:
             del d["stream_k"]
+        for f in L2_FIELDS:            # the L2 fields likewise: only present when not "auto"
+            if d[f] == "auto":
+                del d[f]
         return d
 
     @classmethod
@@ -64,16 +81,24 @@ class Schedule:
 
     def short(self) -> str:
         """Compact id, e.g. '128x256x64_c2x1_coop_s4_rm_sw1_k1' ('_nopdl' appended when pdl is off, '_swap'
-        when A and B are swapped, '_streamk' under stream-K)."""
+        when A and B are swapped, '_streamk' under stream-K, '_l2a-last' (l2_b: '_l2b-', l2_out: '_l2o-') for an L2
+        eviction priority other than auto, '_pf8' for 8 prefetched k-tiles)."""
         bm, bn, bk = self.tile
         mode = "coop" if self.mode == "cooperative" else "pp"
         return (f"{bm}x{bn}x{bk}_c{self.cluster[0]}x{self.cluster[1]}_{mode}_s{self.stages}"
                 f"_r{self.raster}_sw{self.swizzle}_k{self.split_k}" + ("" if self.pdl else "_nopdl")
-                + ("_swap" if self.swap_ab else "") + ("_streamk" if self.stream_k else ""))
+                + ("_swap" if self.swap_ab else "") + ("_streamk" if self.stream_k else "")
+                + "".join(f"_{tok}-{getattr(self, f)}" for f, tok in L2_TOKENS.items() if getattr(self, f) != "auto")
+                + ("" if self.l2_prefetch == "auto" else f"_pf{self.l2_prefetch}"))
 
     def with_(self, **kw) -> "Schedule":
         _require_fields(kw)
         return replace(self, **kw)
+
+
+# the L2 fields that default to "auto", and their tokens in `short()` (`_l2a-last`)
+L2_FIELDS = ("l2_a", "l2_b", "l2_out", "l2_prefetch")
+L2_TOKENS = {"l2_a": "l2a", "l2_b": "l2b", "l2_out": "l2o"}
 
 
 def is_int(x) -> bool:

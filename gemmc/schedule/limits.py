@@ -7,6 +7,17 @@ from dataclasses import dataclass
 MODES = ("cooperative", "pingpong")
 RASTERS = ("m", "n")  # which tile coordinate varies fastest across consecutive CTAs
 SWIZZLES = (1, 2, 4, 8)
+# L2 eviction priorities of a TMA copy (Schedule.l2_a, l2_b, l2_out): "auto" is gemmc's rule (A and B loads
+# evict-first in the calls whose grid loads each of their tiles once, the store without a hint); the others
+# hint every copy of that operand
+L2_POLICIES = ("auto", "first", "normal", "last")
+# Schedule.l2_prefetch: at most this many k-tiles of the weights prefetched into L2 before the PDL wait
+L2_PREFETCH_MAX = 32
+# l2_prefetch "auto": before griddepcontrol.wait, grids in the PDL bands prefetch this many k-tiles of both
+# operands of their first tile into L2 (safe: L2 is the point of coherence). H200, 50 llm shapes back to back:
+# 2 k-tiles lifted M <= 128 by 0.7% and M = 256 by 1.2%, 4 gained less, 8 and 16 lost up to 28%; 96-CTA grids
+# lost 4% even at 2.
+PDL_PREFETCH_K_TILES = 2
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from ..alignment import ALIGN_BYTES, alignment_elems
 from ..errors import ScheduleError
 from ..spec import GemmSpec
 from ..types import DType
-from .knobs import Schedule, Violation, is_int, is_sizes
-from .limits import (ARCH_LIMITS, CONSUMER_REG_OVERHEAD, CONSUMER_REGS_MAX, GRID_YZ_MAX, INT32_MAX, MODES, RASTERS,
-                     SM80_MAX_REGS, SPLITK_REDUCE_COLUMNS, SWIZZLES)
+from .knobs import L2_FIELDS, Schedule, Violation, is_int, is_sizes
+from .limits import (ARCH_LIMITS, CONSUMER_REG_OVERHEAD, CONSUMER_REGS_MAX, GRID_YZ_MAX, INT32_MAX, L2_POLICIES,
+                     L2_PREFETCH_MAX, MODES, RASTERS, SM80_MAX_REGS, SPLITK_REDUCE_COLUMNS, SWIZZLES)
 from .resources import (SWAP_MAX_SPLITS, ab_stage_bytes, accumulator_regs, consumer_reg_overhead, consumer_warpgroups,
                         epilogue_smem_bytes, kernel_grid, max_stages, register_budgets, register_pool, resolve_stages,
                         smem_bytes, split_k_mode, splits_n, threads_per_cta)
@@ -58,6 +58,7 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
             add("stream_k with split_k", s.split_k, "stream-K splits K itself: use split_k=1")
         if s.mode != "cooperative":
             add("stream_k mode", s.mode, "stream-K is built for cooperative kernels: use mode='cooperative'")
+    v += l2_violations(s)
     if stages_ok and s.stages != "auto" and s.stages < 2:
         add("stages", s.stages, "use at least 2 (or 'auto')")
     if not (is_sizes(s.tile, 3) and is_sizes(s.cluster, 2) and stages_ok and is_int(s.split_k)):
@@ -180,6 +181,36 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
 
     v += launch_violations(s, spec)
     v += alignment_violations(spec)
+    return v
+
+
+def l2_violations(s: Schedule) -> list[Violation]:
+    """The L2 fields: eviction priorities hint TMA copies and the prefetch runs under PDL, so both are SM90's;
+    the store's hint needs the kernel's own TMA store."""
+    v: list[Violation] = []
+    add = lambda limit, value, fix: v.append(Violation(limit, value, fix))  # noqa: E731
+    for f, what in (("l2_a", "a's TMA loads"), ("l2_b", "b's TMA loads"), ("l2_out", "the TMA store of out")):
+        if getattr(s, f) not in L2_POLICIES:
+            add(f, repr(getattr(s, f)), f"use one of {L2_POLICIES}: the L2 eviction priority of {what}")
+    pf = s.l2_prefetch
+    if not (pf == "auto" or (is_int(pf) and 0 <= pf <= L2_PREFETCH_MAX)):
+        add("l2_prefetch", repr(pf), f"use 'auto' or a number of k-tiles from 0 to {L2_PREFETCH_MAX}")
+    hinted = [f"{f}={getattr(s, f)!r}" for f in L2_FIELDS if getattr(s, f) != "auto"]
+    if v or not hinted:
+        return v
+    if s.arch != "sm_90a":
+        add("L2 fields (sm_80)", ", ".join(hinted), "cache hints ride on TMA copies and the prefetch on programmatic "
+            "dependent launch, both SM90-only: leave them 'auto' on sm_80")
+        return v
+    if pf != "auto" and s.pdl is not True:
+        add("l2_prefetch without pdl", pf, "the prefetch overlaps the previous kernel under programmatic dependent "
+            "launch: use pdl=True, or l2_prefetch='auto'")
+    if s.l2_out != "auto" and s.swap_ab is True:
+        add("l2_out with swap_ab", s.l2_out, "a swapped kernel stores from registers, with no TMA store to hint: "
+            "use l2_out='auto'")
+    elif s.l2_out != "auto" and is_int(s.split_k) and split_k_mode(s) == "serial":
+        add("l2_out with split_k", s.split_k, "under serial split-K a reduce kernel stores out: use l2_out='auto', "
+            "or a split_k the kernel sums itself")
     return v
 
 

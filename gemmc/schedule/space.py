@@ -12,6 +12,15 @@ from .limits import MODES, RASTERS
 from .predicate import is_valid
 
 
+# (l2_a, l2_b, l2_out, l2_prefetch): gemmc's rules, the space's default
+L2_AUTO = ("auto", "auto", "auto", "auto")
+# Decode (M <= SWAP_DECODE_MAX_M, swapped kernels): besides the rules, a deep weight prefetch under PDL (8
+# k-tiles of b before the wait, in every grid), and the activations kept in L2 (a evict-last) while the weights
+# stream evict-first in every call (the rule drops the hint once M outgrows one activation tile). Unmeasured:
+# bench/decode_chain.py and the search measure them; the store is stored from registers (no hint) here.
+DECODE_L2 = (L2_AUTO, ("auto", "auto", "auto", 8), ("last", "first", "auto", "auto"))
+
+
 @dataclass(frozen=True)
 class ScheduleSpace:
     """The axes the search and the heuristic enumerate. Cartesian product, filtered by the predicate."""
@@ -28,6 +37,8 @@ class ScheduleSpace:
     split_ks: tuple[int, ...] = (1, 2, 4)
     stages: tuple[Union[int, str], ...] = ("auto",)
     swap_ab: tuple[bool, ...] = (False,)
+    # L2 choices, each (l2_a, l2_b, l2_out, l2_prefetch): whole presets, not a product of the four fields
+    l2: tuple[tuple, ...] = (L2_AUTO,)
 
     @classmethod
     def for_arch(cls, arch: str) -> "ScheduleSpace":
@@ -40,9 +51,11 @@ class ScheduleSpace:
     def swapped_decode(cls) -> "ScheduleSpace":
         """sm_90a kernels computing out^T = b @ a^T, for M <= SWAP_DECODE_MAX_M: the weights fill the 64/128-row
         MMA side, the activations an 8/16/32-wide tile, alone or two to a weight-multicasting 1x2 cluster; rings
-        deeper than 'auto' (bench/results/heuristic-rules.md has the measurements)."""
+        deeper than 'auto' (bench/results/heuristic-rules.md has the measurements); and the DECODE_L2 presets,
+        where the weights stream from HBM and the L2 hints and the PDL prefetch can show."""
         return cls(tile_m=(64, 128), tile_n=(8, 16, 32), tile_k=(64, 128), clusters=((1, 1), (1, 2)), modes=MODES,
-                   rasters=("m",), swizzles=(1,), split_ks=(1,), stages=("auto", 10, 16), swap_ab=(True,))
+                   rasters=("m",), swizzles=(1,), split_ks=(1,), stages=("auto", 10, 16), swap_ab=(True,),
+                   l2=DECODE_L2)
 
     @classmethod
     def swapped_batch(cls) -> "ScheduleSpace":
@@ -62,7 +75,8 @@ class ScheduleSpace:
 
     def __iter__(self) -> Iterator[tuple]:
         return itertools.product(self.tile_m, self.tile_n, self.tile_k, self.clusters, self.modes,
-                                 self.rasters, self.swizzles, self.split_ks, self.stages, self.swap_ab)
+                                 self.rasters, self.swizzles, self.split_ks, self.stages, self.swap_ab, self.l2)
+
 
 
 # the swapped spaces: 8/16/32-wide activation tiles up to SWAP_DECODE_MAX_M, 32/64-wide tiles up to
@@ -87,8 +101,9 @@ def enumerate_schedules(spec: GemmSpec, arch: str = "sm_90a", space: ScheduleSpa
     arch = as_arch(arch)
     out = []
     for sp in ((space,) if space is not None else standard_spaces(spec, arch)):
-        for bm, bn, bk, cl, mode, raster, sw, sk, st, swap in sp:
-            s = Schedule((bm, bn, bk), cl, st, mode, raster, sw, sk, arch, swap_ab=swap)
+        for bm, bn, bk, cl, mode, raster, sw, sk, st, swap, (la, lb, lo, pf) in sp:
+            s = Schedule((bm, bn, bk), cl, st, mode, raster, sw, sk, arch, swap_ab=swap, l2_a=la, l2_b=lb, l2_out=lo,
+                         l2_prefetch=pf)
             if is_valid(s, spec):
                 out.append(s)
     return out

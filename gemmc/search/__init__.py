@@ -23,8 +23,13 @@ strategies on the CPU; its functions are exported here:
 
 `simulate_strategies` is `gemmc.search.simulate.simulate`, renamed so that `gemmc.search.simulate` stays the
 submodule.
+
+What a strategy minimises is a `Reward` (gemmc.search.reward): the time, or with `parse_reward("time+l2")` the
+time scaled by the measurement's ncu profile (`run_search(..., reward=)`, `tune(..., reward=, profiler=)`,
+`simulate_strategies(..., reward=)`); the results and the DB keep the times.
 """
 from .registry import STRATEGIES, make_strategy  # noqa: F401
+from .reward import Reward, parse_reward  # noqa: F401
 from .strategy import Measurement, SearchProblem, Strategy, run_search  # noqa: F401
 from .tuning import tune  # noqa: F401
 # the simulator's functions, as `gemmc-search simulate` calls them
@@ -32,4 +37,4 @@ from .simulate import group_problems, load_records  # noqa: F401
 from .simulate import simulate as simulate_strategies  # noqa: F401
 
 __all__ = ["STRATEGIES", "Measurement", "SearchProblem", "Strategy", "make_strategy", "run_search", "tune",
-           "group_problems", "load_records", "simulate_strategies"]
+           "group_problems", "load_records", "simulate_strategies", "Reward", "parse_reward"]

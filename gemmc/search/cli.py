@@ -7,6 +7,8 @@
   gemmc-search simulate --data bench/data --quick     (every strategy on 10 shapes, under a minute)
   gemmc-search simulate --data bench/data --strategy all --seeds 20 [--json]   (all 100 shapes: minutes)
   gemmc-search synth bench/data/synthetic.jsonl.gz     (a synthetic dataset, for CPU development)
+  gemmc-search tune --suite llm --profile l2 --reward time+l2   (ncu profiles, and the L2 term in the reward)
+  gemmc-search simulate --data D --reward time,time+l2 [--profiles-from DB]   (the rewards side by side)
 
 The verdict is paired: each measurement times gemmc and cuBLAS interleaved in the same CUDA-graph
 runs, and a problem's best schedule is the one with the highest geometric mean of cuBLAS / gemmc over
@@ -27,7 +29,9 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import GemmcError
+from .profiling import PROFILE_HEADER, PROFILES, entry_profiles, entry_spec, profile_cells, profile_json
 from .registry import STRATEGIES
+from .reward import DEFAULT_WEIGHTS, RewardError, parse_reward
 from .tuning import tune
 
 
@@ -155,6 +159,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="skip retraining the policy at the end (on the rows of the GPU tuned on)")
     t.add_argument("--symbolic", action="store_true",
                    help="compile each schedule once for symbolic M, N, K (shared by every shape)")
+    t.add_argument("--profile", choices=PROFILES, default=None,
+                   help="l2: also profile each searched schedule under ncu (Nsight Compute; one ncu run per batch) "
+                        "and store its L2 hit rate, DRAM bytes, SM clock and tensor-pipe use beside its times")
+    t.add_argument("--ncu", default=None, help="the ncu --profile runs (default: $GEMMC_NCU, PATH, "
+                                               "/usr/local/cuda/bin/ncu)")
+    _reward_args(t, "what the strategy minimises: time, or time+l2 (the time scaled up by the L2 misses and the "
+                    "DRAM bytes past the compulsory ones; needs --profile l2 or stored profiles); the DB and the "
+                    "verdict keep the times (default time)")
 
     r = sub.add_parser("report", help="what is tuned, and the paired speed-ups over cuBLAS")
     r.add_argument("--json", action="store_true")
@@ -202,6 +214,12 @@ def _parser() -> argparse.ArgumentParser:
                         "(flags given as well win)")
     s.add_argument("--no-heuristic", action="store_true",
                    help="bayes: start from a random space-filling design, not the heuristic's ranking")
+    _reward_args(s, "comma list of rewards to replay each strategy under: time, time+l2 (the recorded profiles: "
+                    "a record's own, or --profiles-from's; without any, time+l2 replays as time) (default time)",
+                 many=True)
+    s.add_argument("--profiles-from", metavar="DB",
+                   help="a tuning DB whose profiles (tune --profile l2, gemmc profile --record) the replay adds to "
+                        "the recorded schedules")
     s.add_argument("--json", action="store_true")
 
     g = sub.add_parser("synth", help="write a synthetic dataset (analytic H200-like model) for development")
@@ -209,7 +227,25 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--shapes", type=int, default=40)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--noise", type=float, default=0.02)
+    g.add_argument("--profiles", action="store_true",
+                   help="give each record the model's ncu-like profile (L2 hit rate, DRAM bytes), for replays "
+                        "under --reward time+l2 (synthetic: it says nothing about a GPU)")
     return p
+
+
+def _reward_args(p, help_text: str, many: bool = False) -> None:
+    p.add_argument("--reward", default="time", help=help_text)
+    p.add_argument("--reward-weights", default=None, metavar="l2=W,dram=W",
+                   help=f"the L2 term's weights (default l2={DEFAULT_WEIGHTS['l2']:g},dram={DEFAULT_WEIGHTS['dram']:g})")
+
+
+def _rewards(args) -> list:
+    """The --reward (a comma list for simulate) and --reward-weights, read; UsageError if they do not read."""
+    kinds = [k.strip() for k in args.reward.split(",") if k.strip()] or ["time"]
+    try:        # the weights are the L2 term's: given with time alone they are a mistake (parse_reward says so)
+        return [parse_reward(k, args.reward_weights if k != "time" or kinds == ["time"] else None) for k in kinds]
+    except RewardError as e:
+        raise UsageError(str(e)) from None
 
 
 def _db_path(args) -> Path:
@@ -317,12 +353,15 @@ def cmd_report(args) -> int:
                 out.setdefault(_problem_id(d.fields, d.gpu_name), []).append(
                     {"schedule": d.schedule.to_dict(), "error": d.error, "gemmc_version": d.version,
                      "failed_checks": d.n_failed, "ok_rows": d.n_ok})
+            profs = [entry_profiles(db, e) for e in rows]
             print(json.dumps([{**e.fields, "gpu": e.gpu_name, "schedule": e.schedule.to_dict(), "time_us": e.time_us,
                                "cublas_us": e.cublas_us, "speedup": e.speedup, "paired": e.cublas_us is not None,
                                "rows": e.n_rows, "measured": e.n_measured, "gemmc_version": e.version,
                                "stale": e.stale, "timing": "sustained" if e.own_clock else "interleaved",
-                               "disqualified": out.get(_problem_id(e.fields, e.gpu_name), [])}
-                              for e in rows]))
+                               "disqualified": out.get(_problem_id(e.fields, e.gpu_name), []),
+                               "profile": profile_json(p[0], entry_spec(e.fields)),
+                               "cublas_profile": profile_json(p[1], entry_spec(e.fields))}
+                              for e, p in zip(rows, profs)]))
             return 0
         if not rows:
             print(_nothing_tuned(db, disqualified))
@@ -330,23 +369,30 @@ def cmd_report(args) -> int:
             _print_policies(policies)
             return 0
         count = db.count()
+        profs = [entry_profiles(db, e)[0] for e in rows]
     print(f"{db.path}: {count} measurements, {len(rows)} tuned problems")
     gpus = sorted({e.gpu_name for e in rows})
     gw = max(len(g) for g in gpus + ["gpu"])
+    shown = any(p is not None for p in profs)     # the ncu columns, once any best schedule was profiled
     print(f"{'shape':>20} {'dtype':>5} {'epilogue':>10} {'arch':>6} {'gpu':<{gw}} {'gemmc us':>10} {'cuBLAS us':>10} "
-          f"{'paired':>8} {'rows':>4} {'n':>4}  schedule")
-    for e in rows:
+          f"{'paired':>8} {'rows':>4} {'n':>4}" + (f" {PROFILE_HEADER}" if shown else "") + "  schedule")
+    for e, prof in zip(rows, profs):
         f = e.fields
         sp = f"{e.speedup:.3f}" if e.speedup else "-"
         cub = f"{e.cublas_us:.2f}" if e.cublas_us else "-"
         print(f"{_shape_text(f):>20} {f['dtype']:>5} {f['epilogue_class'][:10]:>10} {f['arch']:>6} {e.gpu_name:<{gw}} "
-              f"{e.time_us:10.2f} {cub:>10} {sp:>8} {e.n_rows:4d} {e.n_measured:4d}  {e.schedule.short()}"
+              f"{e.time_us:10.2f} {cub:>10} {sp:>8} {e.n_rows:4d} {e.n_measured:4d}"
+              + (f" {profile_cells(prof, entry_spec(f))}" if shown else "") + f"  {e.schedule.short()}"
               + (f"  (gemmc {e.version})" if e.stale else "") + ("  [own clock]" if e.own_clock else ""))
     # one geomean per GPU: speedups measured on different GPUs do not average into anything
     for gpu in gpus:
         sps = [e.speedup for e in rows if e.speedup and e.gpu_name == gpu]
         if sps:
             print(_geomean_line(sps, f" over {len(sps)} problems" + (f" on {gpu}" if len(gpus) > 1 else "")))
+    if shown:
+        print("L2 hit, DRAM/id (DRAM bytes / the compulsory bytes), SM MHz, tens% (tensor-pipe busy share): the best "
+              "schedule's ncu profile (`tune --profile l2`, `gemmc profile --record`), L2 flushed before each "
+              "kernel; '-' where none is stored.")
     print(f"{PAIRED_NOTE} n = the problem's successful measurements on that GPU."
           + (" [own clock]: timed by `tune --sustained-s`, each side at the power-capped clock its own load "
              "sets; those rows alone rank their problem." if any(e.own_clock for e in rows) else ""))
@@ -413,18 +459,30 @@ def cmd_tune(args) -> int:
     from .builder import Builder
     from .runner import Runner
     shapes = _tune_shapes_checked(args)
+    rewards = _rewards(args)
+    if len(rewards) != 1:
+        raise UsageError(f"--reward {args.reward!r}: tune searches under one reward: time or time+l2")
+    reward = rewards[0]
     repeats = {} if args.repeats is None else {"repeats": args.repeats}
     runner = Runner(timing=TimingConfig(settle_s=args.settle_s, sustained_s=args.sustained_s, **repeats))
     gpu = runner.gpu_name()
     if gpu == "cpu":
         raise UsageError("no GPU is visible, and tune measures on one; `gemmc-search simulate` replays recorded "
                          "data through the strategies on the CPU")
+    profiler = None
+    if args.profile == "l2":
+        from .profiling import NcuProfiler
+        profiler = NcuProfiler(ncu=args.ncu)     # a host without ncu: a one-line error before anything runs
+    elif reward.uses_profiles:
+        print("gemmc-search tune: note: --reward time+l2 without --profile l2 reads only the profiles already "
+              "stored; schedules without one are scored by their time", file=sys.stderr)
     db = _db(args)
     with Builder(workers=args.workers, timeout_s=args.compile_timeout) as builder:
         summary = tune(shapes, dtype=args.dtype, arch=args.arch, strategy=args.strategy, budget=args.budget,
                        batch=args.batch, db=db, builder=builder, runner=runner, gpu_name=gpu, seed=args.seed,
                        symbolic=args.symbolic, confirm=args.confirm, also=args.also,
-                       fresh=args.fresh, sustained=args.sustained_s > 0)
+                       fresh=args.fresh, sustained=args.sustained_s > 0, profiler=profiler,
+                       reward=None if reward.kind == "time" else reward)
     if not args.no_train_policy and args.strategy != "rl":
         from .rl import train_policy_from_db
         try:
@@ -464,32 +522,60 @@ def cmd_simulate(args) -> int:
         strategies.remove("rl")
         print(f"gemmc-search simulate: note: rl left out: it trains on some recorded problems and is scored on "
               f"the others, and this dataset has {len(problems)}", file=sys.stderr)
+    rewards = _rewards(args)
+    uses_profiles = any(r.uses_profiles for r in rewards)
+    profiled = _attach_profiles(args, problems) if uses_profiles else (0, 0)
     t0 = time.perf_counter()
     progress = None if args.json else (lambda msg: print(f"  [{time.perf_counter() - t0:6.1f}s] {msg}",
                                                          file=sys.stderr))
-    res = simulate(problems, strategies, args.budget, args.seeds, batch=args.batch, rl_folds=args.folds,
-                   rl_epochs=args.epochs, progress=progress, heuristic=not args.no_heuristic)
-    if args.json:
-        print(json.dumps(res))
+    runs = {r.describe(): simulate(problems, strategies, args.budget, args.seeds, batch=args.batch,
+                                   rl_folds=args.folds, rl_epochs=args.epochs, progress=progress,
+                                   heuristic=not args.no_heuristic, reward=None if r.kind == "time" else r)
+            for r in rewards}
+    if args.json:       # one reward: {strategy: ...} as before; several: {reward: {strategy: ...}}
+        print(json.dumps(next(iter(runs.values())) if len(runs) == 1 else runs))
         return 0
+    res = {(name if len(runs) == 1 else f"{name} [{reward.split(' ')[0]}]"): row
+           for reward, r in runs.items() for name, row in r.items()}
     budgets = sorted(res[next(iter(res))], key=int)
     print(f"{len(problems)} problems, {args.seeds} seeds, batch {args.batch}; fraction of the exhaustive best "
           f"(median over problems), score vs random in brackets (0 = random, 1 = optimum); budget 1 = first pick")
-    print(f"{'strategy':>10} " + " ".join(f"{'@' + b:>14}" for b in budgets))
+    if uses_profiles:
+        print(f"rewards: {'; '.join(runs)}; ncu profiles on {profiled[0]} of {profiled[1]} recorded schedules "
+              f"(time+l2 scores a schedule without one by its time); the fractions are of the recorded times")
+    width = max(10, *(len(n) for n in res))
+    print(f"{'strategy':>{width}} " + " ".join(f"{'@' + b:>14}" for b in budgets))
     for name, row in res.items():
         cells = []
         for b in budgets:
             c = row[b]
             s = "" if c["score_vs_random"] is None else f" ({c['score_vs_random']:+.2f})"
             cells.append(f"{c['median_fraction']:.3f}{s}".rjust(14))
-        print(f"{name:>10} " + " ".join(cells))
+        print(f"{name:>{width}} " + " ".join(cells))
     return 0
+
+
+def _attach_profiles(args, problems) -> tuple[int, int]:
+    """--profiles-from's profiles onto the recorded problems; (schedules with a profile, schedules)."""
+    from .simulate import attach_profiles, profiled_share
+    if args.profiles_from:
+        from .db import TuningDB
+        with TuningDB(args.profiles_from, create=False) as db:
+            attach_profiles(problems, db)
+    return profiled_share(problems)
+
+
+def _counted(n: dict, new: str = "") -> str:
+    """'3 measurements and 1 policies', with the profiles when there are any."""
+    if n.get("profiles"):
+        return f"{n['measurements']} {new}measurements, {n['policies']} policies and {n['profiles']} profiles"
+    return f"{n['measurements']} {new}measurements and {n['policies']} policies"
 
 
 def cmd_export(args) -> int:
     with _existing_db(args) as db:
         n = db.export(args.file)
-    print(f"exported {n['measurements']} measurements and {n['policies']} policies to {args.file}")
+    print(f"exported {_counted(n)} to {args.file}")
     return 0
 
 
@@ -498,7 +584,7 @@ def cmd_import(args) -> int:
     data = TuningDB.read_export(args.file)     # a bad file is refused before the DB is created or opened
     with _db(args) as db:
         n = db.merge_export(data)
-    print(f"imported {n['measurements']} new measurements and {n['policies']} policies from {args.file}")
+    print(f"imported {_counted(n, 'new ')} from {args.file}")
     return 0
 
 
@@ -527,8 +613,9 @@ def cmd_train_policy(args) -> int:
 
 def cmd_synth(args) -> int:
     from .synthetic import make_synthetic_dataset
-    path = make_synthetic_dataset(args.file, args.shapes, args.seed, args.noise)
-    print(f"wrote {path} ({args.shapes} shapes, synthetic H200 model, noise {args.noise})")
+    path = make_synthetic_dataset(args.file, args.shapes, args.seed, args.noise, profiles=args.profiles)
+    print(f"wrote {path} ({args.shapes} shapes, synthetic H200 model, noise {args.noise}"
+          + (", with modelled profiles)" if args.profiles else ")"))
     return 0
 
 

@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Optional
 
 from .. import __version__
-from ..choose.measurement import Measurement, schedule_key
+from ..choose.measurement import L2Profile, Measurement, schedule_key
 from ..choose.tuning_db import TuningDBReader, policy_gpu
-from ..choose.tuning_db_schema import (COLUMNS, HINT, POLICY_COLUMNS, SCHEMA, SCHEMA_VERSION, TuningDBError,
-                                       default_path, policy_name, problem_fields, problem_key)
+from ..choose.tuning_db_schema import (COLUMNS, CUBLAS_SCHEDULE, HINT, POLICY_COLUMNS, PROFILE_COLUMNS, SCHEMA,
+                                       SCHEMA_VERSION, TuningDBError, default_path, policy_name, problem_fields,
+                                       problem_key)
 from ..output_file import check_output_file, make_parent
+from ..schedule import Schedule
 from ..spec import GemmSpec
 
 INSERT_POLICY = (f"INSERT OR REPLACE INTO policies ({', '.join(POLICY_COLUMNS)}) VALUES "
@@ -64,8 +66,9 @@ class TuningDB(TuningDBReader):
         return cls(p, create=False) if p.exists() else None
 
     def _migrate(self) -> None:
-        """Bring a schema-1, -2 or -3 file up to date (its rows are kept as they are, interleaved; its policy
-        keeps an unknown GPU, and its name "default"); a newer file is left alone."""
+        """Bring a schema-1 to -4 file up to date (its rows are kept as they are, interleaved; its policy
+        keeps an unknown GPU, and its name "default"; the profiles table, empty, came with SCHEMA); a newer file
+        is left alone."""
         columns = {r[1] for r in self.conn.execute("PRAGMA table_info(measurements)")}
         if "timing" not in columns:
             self.conn.execute("ALTER TABLE measurements ADD COLUMN timing TEXT")
@@ -92,6 +95,18 @@ class TuningDB(TuningDBReader):
                                     f"({', '.join('?' * len(COLUMNS))})", [row[c] for c in COLUMNS])
         return cur.lastrowid
 
+    def record_profile(self, spec: GemmSpec, arch: str, gpu_name: str, schedule: Optional[Schedule],
+                       profile: L2Profile, tool: str, created_at: Optional[float] = None) -> int:
+        """Store ncu's profile of `schedule` (None: cuBLAS) on the problem, in its own transaction."""
+        row = {"problem": problem_key(spec, arch), "gpu_name": gpu_name,
+               "schedule": CUBLAS_SCHEDULE if schedule is None else schedule_key(schedule), **profile.to_dict(),
+               "tool": tool, "gemmc_version": __version__,
+               "created_at": created_at if created_at is not None else time.time()}
+        with self.conn:
+            cur = self.conn.execute(f"INSERT INTO profiles ({', '.join(PROFILE_COLUMNS)}) VALUES "
+                                    f"({', '.join('?' * len(PROFILE_COLUMNS))})", [row[c] for c in PROFILE_COLUMNS])
+        return cur.lastrowid
+
     # ---- policy weights: one per GPU (gemmc.choose.tuning_db) ------------------------------------
     def save_policy(self, policy, name: Optional[str] = None) -> None:
         """Store `policy` with the GPU it was trained for (its `gpu_name`; None: unknown), under `name`; by
@@ -112,16 +127,17 @@ class TuningDB(TuningDBReader):
                  "feature_spec": r["feature_spec"], "trained_shapes": r["trained_shapes"],
                  "gemmc_version": r["gemmc_version"], "created_at": r["created_at"], "gpu_name": policy_gpu(r)}
                 for r in self.conn.execute("SELECT * FROM policies")]
-        # .get: a file of an older schema opened read-only may lack a column (timing)
+        # .get: a file of an older schema opened read-only may lack a column (timing) or the profiles table
         rows = [{c: r.get(c) for c in COLUMNS} for r in self.rows()]
+        profiles = [{c: r.get(c) for c in PROFILE_COLUMNS} for r in self.profile_rows()]
         make_parent(dest, str(path), error=TuningDBError)
         try:
             with gzip.open(dest, "wt") as f:
                 json.dump({"format": "gemmc-tuning", "schema_version": SCHEMA_VERSION, "measurements": rows,
-                           "policies": pols}, f)
+                           "policies": pols, "profiles": profiles}, f)
         except OSError as e:
             raise TuningDBError(f"cannot write {dest}: {e.strerror or e}") from None
-        return {"measurements": len(rows), "policies": len(pols)}
+        return {"measurements": len(rows), "policies": len(pols), "profiles": len(profiles)}
 
     @staticmethod
     def read_export(path) -> dict:
@@ -145,15 +161,17 @@ class TuningDB(TuningDBReader):
             raise TuningDBError(f"cannot read {src}: {e.strerror or e}") from None
         if not isinstance(data, dict) or data.get("format") != "gemmc-tuning":
             raise TuningDBError(f"{src} is not a gemmc-search export (missing format='gemmc-tuning'); {what}")
-        rows, pols = data.get("measurements"), data.get("policies", [])
-        if not isinstance(rows, list) or not isinstance(pols, list):
+        rows, pols, profs = data.get("measurements"), data.get("policies", []), data.get("profiles", [])
+        if not isinstance(rows, list) or not isinstance(pols, list) or not isinstance(profs, list):
             raise TuningDBError(f"{src}: a gemmc-search export holds lists of 'measurements' and 'policies'; this "
                                 f"one does not (a damaged file?); export it again")
         # the columns a row cannot be stored without, and time_us (it identifies a row already merged)
         need = ("problem", "m", "n", "k", "dtype", "out_dtype", "acc_dtype", "a_layout", "b_layout",
                 "epilogue_class", "arch", "gpu_name", "schedule", "time_us", "gemmc_version", "created_at")
         need_pol = ("name", "blob", "feature_spec", "trained_shapes", "gemmc_version", "created_at")
-        for what_row, items, keys in (("measurement", rows, need), ("policy", pols, need_pol)):
+        need_prof = ("problem", "gpu_name", "schedule", "tool", "gemmc_version", "created_at")
+        for what_row, items, keys in (("measurement", rows, need), ("policy", pols, need_pol),
+                                      ("profile", profs, need_prof)):
             for i, r in enumerate(items):
                 missing = [c for c in keys if c not in r] if isinstance(r, dict) else None
                 if missing is None or missing:
@@ -168,8 +186,9 @@ class TuningDB(TuningDBReader):
 
     def import_(self, path) -> dict:
         """Merge an export: measurements already present (same problem, GPU, schedule, time, timestamp)
-        are skipped; a policy replaces the local one of its name only if it is newer, so each GPU's policy
-        (and the one of unknown GPU) is merged on its own."""
+        are skipped, and profiles likewise (same problem, GPU, schedule, timestamp); a policy replaces the local
+        one of its name only if it is newer, so each GPU's policy (and the one of unknown GPU) is merged on its
+        own."""
         return self.merge_export(self.read_export(path))
 
     def merge_export(self, data: dict) -> dict:
@@ -193,4 +212,12 @@ class TuningDB(TuningDBReader):
                                                       p["trained_shapes"], p["gemmc_version"], p["created_at"],
                                                       gpu))
                     pols += 1
-        return {"measurements": added, "policies": pols}
+            have = {(r["problem"], r["gpu_name"], r["schedule"], r["created_at"]) for r in self.profile_rows()}
+            profs = 0
+            for r in data.get("profiles", []):      # absent from exports of schema 4 and older
+                if (r["problem"], r["gpu_name"], r["schedule"], r["created_at"]) in have:
+                    continue
+                self.conn.execute(f"INSERT INTO profiles ({', '.join(PROFILE_COLUMNS)}) VALUES "
+                                  f"({', '.join('?' * len(PROFILE_COLUMNS))})", [r.get(c) for c in PROFILE_COLUMNS])
+                profs += 1
+        return {"measurements": added, "policies": pols, "profiles": profs}

@@ -4,6 +4,11 @@ A dataset is a list of records (shape, dtypes, layouts, schedule, time or error,
 Each recorded problem becomes a `SearchProblem` whose feasible set is the recorded schedules that
 pass the validity predicate; evaluating a schedule looks its record up. Results are fractions of
 the exhaustive best (best_time / found_time) after each number of measurements.
+
+A record may carry the schedule's ncu profile ("profile": L2Profile's fields), and `attach_profiles` adds
+those a tuning DB holds (`tune --profile l2`, `gemmc profile --record`): a replay under `--reward time+l2`
+lets the strategies see them (gemmc.search.reward), while the fractions stay those of the recorded times.
+Where no profile is recorded, time+l2 scores the time, and the replay is the time reward's.
 """
 from __future__ import annotations
 
@@ -13,10 +18,11 @@ import math
 import random
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from ..choose.measurement import L2Profile
 from ..errors import GemmcError
 from ..schedule import Schedule, is_valid
 from ..spec import GemmSpec
@@ -47,6 +53,7 @@ class RecordedProblem:
     arch: str
     results: dict = field(default_factory=dict)   # Schedule -> Measurement
     cublas_us: Optional[float] = None
+    profiles: dict = field(default_factory=dict)  # Schedule -> L2Profile (ncu), where recorded
 
     @property
     def best_us(self) -> float:
@@ -59,7 +66,11 @@ class RecordedProblem:
         return SearchProblem.of(self.spec, self.arch, candidates=self.results.keys())
 
     def evaluate(self, schedules: list[Schedule]) -> list[Measurement]:
-        return [self.results.get(s, Measurement(s, None, "not in the dataset")) for s in schedules]
+        out = []
+        for s in schedules:
+            m = self.results.get(s, Measurement(s, None, "not in the dataset"))
+            out.append(replace(m, profile=self.profiles[s]) if s in self.profiles else m)
+        return out
 
 
 def _field(r, name, default=None):
@@ -182,6 +193,28 @@ def _add_record(probs: dict, r, hd: dict) -> None:
     old = p.results.get(sched)
     if old is None or (meas.ok and (not old.ok or meas.time_us < old.time_us)):
         p.results[sched] = meas
+    prof = _field(r, "profile")
+    if isinstance(prof, dict):
+        p.profiles[sched] = L2Profile.from_dict(prof)
+
+
+def attach_profiles(problems: Sequence[RecordedProblem], db, gpu_name: Optional[str] = None) -> int:
+    """Add the profiles a tuning DB (a TuningDBReader) holds for the recorded problems' schedules (a record's own
+    profile wins); returns how many schedules gained one."""
+    from ..choose.tuning_db_schema import problem_key
+    added = 0
+    for p in problems:
+        for s, prof in db.profiles(problem_key(p.spec, p.arch), gpu_name).items():
+            if s is not None and s in p.results and s not in p.profiles:
+                p.profiles[s] = prof
+                added += 1
+    return added
+
+
+def profiled_share(problems: Sequence[RecordedProblem]) -> tuple[int, int]:
+    """(recorded schedules with a profile, recorded schedules), over every problem."""
+    return (sum(len(set(p.profiles) & set(p.results)) for p in problems),
+            sum(len(p.results) for p in problems))
 
 
 def fractions(best_us: float, results: Sequence[Measurement], budgets: Sequence[int]) -> dict[int, float]:
@@ -213,7 +246,7 @@ def split_folds(problems: Sequence[RecordedProblem], n_folds: int, seed: int = 0
 
 def simulate(problems: Sequence[RecordedProblem], strategies: Sequence[str], budgets: Sequence[int], seeds: int,
              batch: int = 1, rl_folds: int = 4, rl_epochs: int = 60, split_seed: int = 0,
-             progress: Optional[Callable[[str], None]] = None, heuristic: bool = True) -> dict:
+             progress: Optional[Callable[[str], None]] = None, heuristic: bool = True, reward=None) -> dict:
     """{strategy: {budget: {"median_fraction", "score_vs_random"}}}; budget 1 is the first proposal.
 
     Fraction per (problem, seed) = best feasible time (`RecordedProblem.best_us`) / best found within
@@ -223,7 +256,8 @@ def simulate(problems: Sequence[RecordedProblem], strategies: Sequence[str], bud
     when the heuristic seeds it) run once. `rl` runs once per fold, on the problems of a fold it was
     not trained on, so every problem is evaluated zero-shot by a policy that never saw it.
     `heuristic=False` starts `bayes` from a random space-filling design instead of the heuristic's
-    ranking (whose constants may have been fitted to the very data being replayed). `progress(line)` hears
+    ranking (whose constants may have been fitted to the very data being replayed). `reward`
+    (gemmc.search.reward.Reward; None: the time) is what the strategies observe. `progress(line)` hears
     when each strategy starts, each rl fold's training, each seed or fold done, and, within a run, how far
     it is at least every PROGRESS_EVERY_S seconds."""
     import torch
@@ -231,13 +265,13 @@ def simulate(problems: Sequence[RecordedProblem], strategies: Sequence[str], bud
     torch.set_num_threads(1)   # tiny models: extra threads only contend (and CI has 2 cores)
     try:
         return _simulate(problems, strategies, budgets, seeds, batch, rl_folds, rl_epochs, split_seed, progress,
-                         heuristic)
+                         heuristic, reward)
     finally:
         torch.set_num_threads(threads)
 
 
 def _simulate(problems, strategies, budgets, seeds, batch, rl_folds, rl_epochs, split_seed, progress,
-              heuristic) -> dict:
+              heuristic, reward) -> dict:
     budgets = sorted(set(int(b) for b in budgets) | {1})
     if budgets[0] < 1 or seeds < 1:
         raise SimulationError(f"simulate needs budgets and seeds of at least 1; got budgets {budgets}, seeds {seeds}")
@@ -289,7 +323,7 @@ def _simulate(problems, strategies, budgets, seeds, batch, rl_folds, rl_epochs, 
                 idxs = range(len(problems))
             last = _now()
             for j, i in enumerate(idxs):
-                res = run_search(strat, searches[i], problems[i].evaluate, budget=top, batch=batch)
+                res = run_search(strat, searches[i], problems[i].evaluate, budget=top, batch=batch, reward=reward)
                 for b, f in fractions(bests[i], res, budgets).items():
                     acc[b].setdefault(i, []).append(f)
                 if progress and j + 1 < len(idxs) and _now() - last >= PROGRESS_EVERY_S:

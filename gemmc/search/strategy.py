@@ -99,17 +99,21 @@ Evaluator = Callable[[list[Schedule]], list[Measurement]]
 
 
 def run_search(strategy: Strategy, problem: SearchProblem, evaluate: Evaluator, budget: int, batch: int = 1,
-               prior: Sequence[Measurement] = (), on_result: Optional[Callable[[Measurement], None]] = None
-               ) -> list[Measurement]:
+               prior: Sequence[Measurement] = (), on_result: Optional[Callable[[Measurement], None]] = None,
+               reward=None) -> list[Measurement]:
     """Propose/evaluate/observe until `budget` new measurements (errors count) or the space is used up.
 
     `prior` (e.g. rows already in the tuning DB) is observed first and not re-measured: that is
-    how an interrupted run resumes."""
+    how an interrupted run resumes. `reward` (gemmc.search.reward.Reward; None: the time) is what the
+    strategy observes of each measurement; the measurements returned keep their times."""
     if batch < 1:     # a batch of 0 would end the search at once, having measured nothing
         raise ValueError(f"run_search needs a batch of at least 1 schedule; got {batch}")
+
+    def seen(results):
+        return list(results) if reward is None else [reward.shaped(r, problem.spec) for r in results]
     strategy.start(problem)
     if prior:
-        strategy.observe(list(prior))
+        strategy.observe(seen(prior))
     done = {m.schedule for m in prior}
     out: list[Measurement] = []
     while len(out) < budget:
@@ -123,7 +127,7 @@ def run_search(strategy: Strategy, problem: SearchProblem, evaluate: Evaluator, 
             out.append(r)
             if on_result:
                 on_result(r)
-        strategy.observe(results)
+        strategy.observe(seen(results))
     return out
 
 

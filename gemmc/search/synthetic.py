@@ -44,6 +44,28 @@ def _gauss(*parts) -> float:
 
 def model_time_us(s: Schedule, spec: GemmSpec, noise: float = 0.02, seed: int = 0) -> float:
     """Modelled kernel time in microseconds (deterministic for a given seed)."""
+    t = _model(s, spec)["t_us"]
+    return t * math.exp(noise * _gauss("noise", seed, spec.m, spec.n, spec.k, s.short()))
+
+
+def model_profile(s: Schedule, spec: GemmSpec, noise: float = 0.02, seed: int = 0):
+    """What ncu would report of the modelled call (an L2Profile): the model's DRAM bytes, an L2 hit rate of
+    the operand bytes the CTAs load that DRAM did not serve, and the tensor pipe's share of the time; each with
+    its own noise. Synthetic: for developing the `time+l2` reward, not evidence about a GPU."""
+    from ..choose.measurement import L2Profile
+    x = _model(s, spec)
+    jitter = lambda tag: math.exp(noise * _gauss(tag, seed, spec.m, spec.n, spec.k, s.short()))  # noqa: E731
+    write = spec.m * spec.n * spec.out_dtype.bytes
+    read = max(0.0, x["dram"] - write) * jitter("dram")
+    hit = min(1.0, max(0.0, 1.0 - read / max(x["l2_loads"], 1.0)))
+    return L2Profile(l2_hit_rate=hit, dram_read_bytes=read,
+                     dram_write_bytes=write * (2.0 if s.split_k > 1 else 1.0), sm_clock_mhz=1755.0 * jitter("clock") ** 0.5, duration_us=x["t_us"] * jitter("duration"),
+                     tensor_pipe_pct=min(100.0, 100.0 * x["t_mma_us"] / x["t_us"]), kernels=1)
+
+
+def _model(s: Schedule, spec: GemmSpec) -> dict:
+    """The noise-free model: t_us (the call), dram (bytes), l2_loads (operand bytes the CTAs load from L2),
+    t_mma_us (the MMA time of all waves)."""
     m, n, k = spec.m, spec.n, spec.k
     bm, bn, bk = s.tile
     cm, cn = s.cluster
@@ -89,7 +111,8 @@ def model_time_us(s: Schedule, spec: GemmSpec, noise: float = 0.02, seed: int = 
 
     t = max(t_compute, t_dram) + 0.1 * min(t_compute, t_dram)
     t = t * 1e6 + LAUNCH_US + (2.0 if sk > 1 else 0.0)
-    return t * math.exp(noise * _gauss("noise", seed, m, n, k, s.short()))
+    l2_loads = ctas * (bm / cn + bn / cm) * k_tiles * bk * ib
+    return {"t_us": t, "dram": dram, "l2_loads": l2_loads, "t_mma_us": waves * t_mma * 1e6}
 
 
 LLM_NK = ((4096, 4096), (12288, 4096), (11008, 4096), (4096, 11008), (14336, 4096), (4096, 14336),
@@ -107,8 +130,9 @@ def synthetic_shapes(count: int, seed: int = 0) -> list[tuple[int, int, int]]:
 
 
 def synthetic_records(shapes: Iterable[tuple[int, int, int]], dtype: str = "bf16", seed: int = 0,
-                      noise: float = 0.02, error_rate: float = 0.01) -> list[dict]:
-    """One record per feasible schedule per shape, in the dataset format."""
+                      noise: float = 0.02, error_rate: float = 0.01, profiles: bool = False) -> list[dict]:
+    """One record per feasible schedule per shape, in the dataset format; with `profiles`, each successful one
+    carries the model's ncu-like profile (`model_profile`)."""
     rng = random.Random(seed)
     out = []
     for m, n, k in shapes:
@@ -125,14 +149,17 @@ def synthetic_records(shapes: Iterable[tuple[int, int, int]], dtype: str = "bf16
                 rec.update(time_us=None, error="synthetic compile failure")
             else:
                 rec.update(time_us=round(times[s], 3), error=None)
+                if profiles:
+                    rec["profile"] = model_profile(s, spec, noise, seed).to_dict()
             out.append(rec)
     return out
 
 
-def make_synthetic_dataset(path, n_shapes: int = 40, seed: int = 0, noise: float = 0.02):
+def make_synthetic_dataset(path, n_shapes: int = 40, seed: int = 0, noise: float = 0.02, profiles: bool = False):
     """Write the bench's dataset format (gemmc.bench.dataset) from the synthetic model."""
     from ..bench.dataset import write_dataset
     shapes = synthetic_shapes(n_shapes, seed)
     header = {"device": {"name": "synthetic H200 model"}, "dtype": "bf16", "arch": "sm_90a", "synthetic": True,
-              "method": {"model": "gemmc.search.synthetic", "seed": seed, "noise": noise}, "shapes": len(shapes)}
-    return write_dataset(path, header, synthetic_records(shapes, seed=seed, noise=noise))
+              "method": {"model": "gemmc.search.synthetic", "seed": seed, "noise": noise, "profiles": profiles},
+              "shapes": len(shapes)}
+    return write_dataset(path, header, synthetic_records(shapes, seed=seed, noise=noise, profiles=profiles))

@@ -14,7 +14,8 @@ from ..errors import GemmcError
 
 def tune(shapes, *, dtype: str, arch: str, strategy: str, budget: int, batch: int, db, builder, runner,
          gpu_name: str, seed: int = 0, progress: bool = True, symbolic: bool = False,
-         confirm: int = 3, also=(), fresh: bool = False, sustained: bool = False) -> list:
+         confirm: int = 3, also=(), fresh: bool = False, sustained: bool = False, profiler=None,
+         reward=None) -> list:
     """Tune every shape (resuming from what `db` holds); [(shape, BestEntry | None)].
 
     symbolic: compile each schedule once for symbolic M, N, K (one kernel serves every shape, as in
@@ -30,12 +31,16 @@ def tune(shapes, *, dtype: str, arch: str, strategy: str, budget: int, batch: in
     the ones that reach the top.
     sustained: the runner times long calls at their own clock (`--sustained-s`). On a shape whose stored
     rows show a call of >= SETTLE_MIN_CALL_US, only rows timed that way count toward `budget`, reach the
-    strategy and count as confirmed (interleaved rows stay, and rank below them: `db.schedule_figures`)."""
+    strategy and count as confirmed (interleaved rows stay, and rank below them: `db.schedule_figures`).
+    profiler: `tune --profile l2` (gemmc.search.profiling.NcuProfiler): each batch's successful schedules are
+    profiled under ncu, stored in the DB's profiles table and handed to the strategy with their measurements.
+    reward: what the strategy minimises (gemmc.search.reward; None: the time); the DB keeps the times."""
     from tqdm import tqdm
 
     from ..schedule import is_valid
     from ..spec import GemmSpec
     from ..choose.tuning_db_schema import ALSO
+    from .profiling import profile_batch, with_stored_profiles
     from .registry import make_strategy
     from .strategy import SearchProblem, run_search
     kw = {"policy": _rl_policy(db, gpu_name, seed, progress)} if strategy == "rl" else {}
@@ -54,15 +59,22 @@ def tune(shapes, *, dtype: str, arch: str, strategy: str, budget: int, batch: in
         # the strategy sees only its own space (an --also schedule may lie outside it)
         cands = set(problem.candidates)
         prior = [m for m in stored if m.schedule in cands]
+        if reward is not None and reward.uses_profiles:
+            prior = with_stored_profiles(prior, db, spec, arch, gpu_name)
         bar.update(min(len(prior), budget))
         bar.set_postfix_str(str(sh))
 
         kspec = spec.with_dims(m="M", n="N", k="K") if symbolic else spec
 
-        def evaluate(schedules, label=strategy, spec=spec, kspec=kspec):
-            return _build_and_measure(schedules, spec, kspec, arch, builder, runner, db, gpu_name, label, bar)
+        def evaluate(schedules, label=strategy, spec=spec, kspec=kspec, profile=True):
+            out = _build_and_measure(schedules, spec, kspec, arch, builder, runner, db, gpu_name, label, bar)
+            if profile and profiler is not None:
+                bar.set_postfix_str(f"{sh} {label}: profiling under ncu")
+                out = profile_batch(profiler, spec, arch, out, db, gpu_name)
+            return out
 
-        run_search(strat, problem, evaluate, budget=max(0, budget - len(prior)), batch=batch, prior=prior)
+        run_search(strat, problem, evaluate, budget=max(0, budget - len(prior)), batch=batch, prior=prior,
+                   reward=reward)
         done = {m.schedule for m in stored}
         todo = [s for s in also if s.arch == arch and is_valid(s, spec) and s not in done]
         if todo:
@@ -71,7 +83,9 @@ def tune(shapes, *, dtype: str, arch: str, strategy: str, budget: int, batch: in
             evaluate(todo, ALSO)
         if confirm > 0:
             bar.set_postfix_str(f"{sh} confirm")
-            _confirm(spec, arch, gpu_name, confirm, db, bar, evaluate, sustained_only=own_clock)
+            # re-measurements of schedules profiled already: not profiled again
+            _confirm(spec, arch, gpu_name, confirm, db, bar, lambda ss, label: evaluate(ss, label, profile=False),
+                     sustained_only=own_clock)
         summary.append((sh, db.best(spec, arch, gpu_name)))
     bar.close()
     return summary

@@ -6,7 +6,8 @@ from global memory (copy "ldg": row and column vectors, and full inputs) are rea
 element's coordinate; full inputs whose plan copy is "tma" are TMA-loaded into shared memory per epilogue
 sub-tile and read at the element's place (lm, ln) inside it.
 
-The store: registers -> smem (stmatrix) -> TMA store, in EPI_TILE sub-tiles through EPI_STAGES buffers; or,
+The store: registers -> smem (stmatrix) -> TMA store (with C_L2_POLICY's cache hint, if any), in EPI_TILE sub-tiles
+through EPI_STAGES buffers; or,
 with swapped A and B, each element from registers straight to global memory at its coordinate in the
 transposed view of out (stmatrix needs an MMA N of at least 16; the kernel's rows are out's columns).
 """
@@ -19,6 +20,8 @@ import cutlass.cute as cute
 import cutlass.tensor_utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync
+
+from .producer import L2_POLICY_WORDS
 
 
 class Stores(NamedTuple):
@@ -145,7 +148,11 @@ class Epilogue:
                 cute.arch.fence_proxy("async.shared", space="cta")
                 group.barrier.arrive_and_wait()
                 if group.store_warp:
-                    cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_grid.get_hier_coord(ep))])
+                    if cutlass.const_expr(self.C_L2_POLICY in L2_POLICY_WORDS):
+                        cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_grid.get_hier_coord(ep))],
+                                  cache_policy=cutlass.Int64(L2_POLICY_WORDS[self.C_L2_POLICY]))
+                    else:
+                        cute.copy(tma_c, bSG_sC[(None, buf)], bSG_gC[(None, epi_grid.get_hier_coord(ep))])
                     store_pipeline.producer_commit()
                     store_pipeline.producer_acquire()
                 group.barrier.arrive_and_wait()

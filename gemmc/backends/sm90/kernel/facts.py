@@ -66,8 +66,12 @@ class KernelFacts:
     PDL_EARLY_CTAS: int
     PDL_FULL_CTAS: int
     PDL_PREFETCH_K_TILES: int
-    A_EVICT_FIRST: bool
-    B_EVICT_FIRST: bool
+    PDL_PREFETCH_A: bool            # which of the kernel's operands the PDL prefetch warms
+    PDL_PREFETCH_B: bool
+    PDL_PREFETCH_BANDED: bool       # only in grids of the PDL bands (else in every grid)
+    A_L2_POLICY: str                # L2 hints of the kernel's A and B loads and of the TMA store: "" (none),
+    B_L2_POLICY: str                # "first_once" (evict-first when the grid loads each tile once), "first",
+    C_L2_POLICY: str                # "normal", "last"
     SWAP_AB: bool
     BATCHED: bool
     GATED: bool                     # B is [gate; up]: two accumulators per tile, combined by gate_function

@@ -254,10 +254,16 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         # with either
         grid_ctas = cute.arch.grid_dim()[0] * cute.arch.grid_dim()[1] * cute.arch.grid_dim()[2]
         pdl_banded = grid_ctas <= self.PDL_EARLY_CTAS or (self.PDL_FULL_CTAS > 0 and grid_ctas >= self.PDL_FULL_CTAS)
+        # (a schedule's own prefetch depth prefetches in every grid: PDL_PREFETCH_BANDED false)
         if cutlass.const_expr(self.PDL and self.PDL_PREFETCH_K_TILES > 0):
-            if warp_idx == self.PRODUCER_WG * 4 and pdl_banded:
-                if walk.start < walk.limit:
-                    self.prefetch_first_tile(tma_a, tAgA, tma_b, tBgB, self.work_at(walk.start, walk))
+            if warp_idx == self.PRODUCER_WG * 4:
+                if cutlass.const_expr(self.PDL_PREFETCH_BANDED):
+                    if pdl_banded:
+                        if walk.start < walk.limit:
+                            self.prefetch_first_tile(tma_a, tAgA, tma_b, tBgB, self.work_at(walk.start, walk))
+                else:
+                    if walk.start < walk.limit:
+                        self.prefetch_first_tile(tma_a, tAgA, tma_b, tBgB, self.work_at(walk.start, walk))
         pipeline.pipeline_init_wait(cluster_shape_mn=self.CLUSTER_MN)
         # PDL: everything above may overlap the previous kernel on the stream; no global memory is read into
         # shared memory or written before its grid has completed

@@ -8,8 +8,10 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 
-# the L2 cache policy word of evict-first (fraction 1.0)
-L2_EVICT_FIRST = 0x12F0000000000000
+# the L2 cache policy words of TMA's cache hints, per eviction priority (createpolicy's fractional encoding,
+# fraction 1.0: every line the copy touches; the words CUTLASS's CacheHintSm90 names)
+L2_POLICY_WORDS = {"first": 0x12F0000000000000, "normal": 0x1000000000000000, "last": 0x14F0000000000000}
+L2_EVICT_FIRST = L2_POLICY_WORDS["first"]
 
 
 class Producer:
@@ -17,27 +19,35 @@ class Producer:
 
     @cute.jit
     def prefetch_first_tile(self, tma_a, tAgA, tma_b, tBgB, work):
-        """PDL: before waiting for the previous grid, warm L2 with this CTA's first k-tiles. A prefetch only
-        fills L2, the point of coherence, so it is safe even if the previous kernel writes them."""
+        """PDL: before waiting for the previous grid, warm L2 with this CTA's first k-tiles (of A and B, or of the
+        weights alone: PDL_PREFETCH_A/B). A prefetch only fills L2, the point of coherence, so it is safe even if
+        the previous kernel writes them."""
         with cute.arch.elect_one():
             for kt in range(cutlass.min(work.k_count, self.PDL_PREFETCH_K_TILES)):
-                cute.prefetch(tma_a, tAgA[(None, work.tile_m, work.k_begin + kt, work.tile_l)])
-                cute.prefetch(tma_b, tBgB[(None, work.tile_n, work.k_begin + kt, work.tile_l)])
-                if cutlass.const_expr(self.GATED):    # the up rows (gated B's l = 1)
-                    cute.prefetch(tma_b, tBgB[(None, work.tile_n, work.k_begin + kt, 1)])
+                if cutlass.const_expr(self.PDL_PREFETCH_A):
+                    cute.prefetch(tma_a, tAgA[(None, work.tile_m, work.k_begin + kt, work.tile_l)])
+                if cutlass.const_expr(self.PDL_PREFETCH_B):
+                    cute.prefetch(tma_b, tBgB[(None, work.tile_n, work.k_begin + kt, work.tile_l)])
+                    if cutlass.const_expr(self.GATED):    # the up rows (gated B's l = 1)
+                        cute.prefetch(tma_b, tBgB[(None, work.tile_n, work.k_begin + kt, 1)])
 
     @cute.jit
     def l2_policies(self, num_m, num_n):
-        """An operand whose every tile this grid loads once (one tile, or one cluster, across the other extent:
-        decode weights) streams through L2 evict-first; 0 is the default policy."""
+        """The cache policy words of A's and B's loads. first_once: an operand whose every tile this grid loads
+        once (one tile, or one cluster, across the other extent: decode weights) streams through L2 evict-first;
+        first, normal, last: that priority on every load; 0 (no policy chosen) otherwise."""
         a_policy = cutlass.Int64(0)
         b_policy = cutlass.Int64(0)
-        if cutlass.const_expr(self.A_EVICT_FIRST):
+        if cutlass.const_expr(self.A_L2_POLICY == "first_once"):
             if (num_n + self.TILE_MNK[1] - 1) // self.TILE_MNK[1] <= self.CLUSTER_MN[1]:
                 a_policy = cutlass.Int64(L2_EVICT_FIRST)
-        if cutlass.const_expr(self.B_EVICT_FIRST):
+        if cutlass.const_expr(self.A_L2_POLICY in L2_POLICY_WORDS):
+            a_policy = cutlass.Int64(L2_POLICY_WORDS[self.A_L2_POLICY])
+        if cutlass.const_expr(self.B_L2_POLICY == "first_once"):
             if (num_m + self.TILE_MNK[0] - 1) // self.TILE_MNK[0] <= self.CLUSTER_MN[0]:
                 b_policy = cutlass.Int64(L2_EVICT_FIRST)
+        if cutlass.const_expr(self.B_L2_POLICY in L2_POLICY_WORDS):
+            b_policy = cutlass.Int64(L2_POLICY_WORDS[self.B_L2_POLICY])
         return a_policy, b_policy
 
     @cute.jit
