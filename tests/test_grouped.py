@@ -149,3 +149,115 @@ def test_grouped_mm_on_torch_tensors_is_the_per_group_product():
     ym = gemmc.grouped_mm(xm, w.mT, counts)
     assert torch.equal(ym[0, :2], xm[0, :2] @ w[0].T) and not ym[0, 2:].any() and not ym[1].any()
     assert torch.equal(ym[2], xm[2] @ w[2].T)
+
+
+# ---- the IR ---------------------------------------------------------------------------------------
+
+from gemmc.errors import ScheduleError  # noqa: E402
+from gemmc.ir import parse_module  # noqa: E402
+from gemmc.ir.build import find_gemm, spec_of, spec_to_module  # noqa: E402
+from gemmc.ir.extract import plan_from_module  # noqa: E402
+from gemmc.schedule import Schedule, check_schedule  # noqa: E402
+
+
+@given(layout=st.sampled_from(GROUP_LAYOUTS), groups=st.one_of(st.integers(1, 512), st.just("E")),
+       b_layout=st.sampled_from(["nk", "kn"]), gate=st.sampled_from([None, "silu"]), m=st.sampled_from(["M", 64]))
+def test_grouped_ir_prints_parses_and_reads_back_the_spec(layout, groups, b_layout, gate, m):
+    spec = GemmSpec(m=m, n=256, k=128, b_layout="nk" if gate else b_layout, groups=groups, group_layout=layout,
+                    gate=gate, name="experts")
+    text = str(spec_to_module(spec, Schedule()))
+    operand = spec.group_operand
+    assert f"@experts(%a, %b) grouped {layout}(%{operand}) acc f32" in text
+    assert f"%{operand} = gemm.arg \"{operand}\" : !gemmc.tensor<{groups} x i32, {operand}>" in text
+    lead = f"{groups} x " if layout == "masked" else ""
+    assert f"-> !gemmc.tensor<{lead}{m} x 256 x bf16, mn>" in text
+    assert spec_of(find_gemm(parse_module(text))) == spec
+
+
+def test_plain_ir_is_unchanged():
+    """No group operand, no `grouped`, no segment sizes in the text: every plain kernel keeps its IR (and its
+    cache key, which the final IR text is part of)."""
+    k = gemmc.compile(GemmSpec(m="M", n=256, k=128), Schedule(), emit="ir")
+    text = k.ir("verify-resources")
+    assert "grouped" not in text and "kernel.group" not in text and "operandSegmentSizes" not in text
+    assert k.ir("map-groups") == k.ir("pipeline-staging") and k.plan.groups is None
+
+
+def _bad(text_a, text_b, text_g, layout="contiguous", out="M x 256 x bf16"):
+    return f'''builtin.module {{
+  %a = gemm.arg "a" : !gemmc.tensor<{text_a} x bf16, mk>
+  %b = gemm.arg "b" : !gemmc.tensor<{text_b} x bf16, nk>
+  %g = gemm.arg "g" : !gemmc.tensor<{text_g}>
+  %out = gemm.matmul @e(%a, %b) grouped {layout}(%g) acc f32 -> !gemmc.tensor<{out}, mn> epilogue {{
+  ^bb0(%acc: f32):
+    gemm.yield %acc
+  }}
+}}'''
+
+
+@pytest.mark.parametrize("text, needle", [
+    (_bad("M x 128", "8 x 256 x 128", "8 x i32, offsets"), None),
+    (_bad("M x 128", "8 x 256 x 128", "8 x i32, counts"), "must be a !gemmc.tensor<E x i32, offsets>"),
+    (_bad("M x 128", "8 x 256 x 128", "8 x f32, offsets"), "must be a !gemmc.tensor<E x i32, offsets>"),
+    (_bad("M x 128", "4 x 256 x 128", "8 x i32, offsets"), "B has leading dim 4, not E = 8"),
+    (_bad("8 x M x 128", "8 x 256 x 128", "8 x i32, offsets"), "A has leading dim 8, not none"),
+    (_bad("M x 128", "8 x 256 x 128", "8 x i32, counts", "masked", "8 x M x 256 x bf16"), "A has leading dim None"),
+    (_bad("E x M x 128", "E x 256 x 128", "E x i32, counts", "masked", "E x M x 256 x bf16"), None),
+])
+def test_grouped_ir_verifies_the_group_operand_against_a_b_and_out(text, needle):
+    if needle is None:
+        assert spec_of(find_gemm(parse_module(text))).grouped
+        return
+    with pytest.raises(Exception) as e:
+        parse_module(text).verify()
+    assert needle in str(e.value)
+
+
+def test_the_passes_decide_the_grouped_facts_and_the_plan_reads_them():
+    k = gemmc.compile(GemmSpec(m="M", n=2048, k=7168, groups=256, group_layout="contiguous", gate="silu",
+                               name="up"), Schedule(cluster=(2, 1), raster="n"), emit="ir")
+    text = k.ir("verify-resources")
+    assert "kernel.group contiguous groups 256 order n walk warp_scan descriptors shared" in text
+    assert "kernel.copy out st_global" in text and "kernel.epilogue store direct" in text
+    assert "pdl_prefetch_k_tiles" not in text        # nothing is read before the router's offsets are written
+    g = k.plan.groups
+    assert (g.layout, g.groups, g.order, g.group_walk, g.descriptors) == ("contiguous", 256, "n", "warp_scan",
+                                                                          "shared")
+    assert (k.plan.problem.groups, k.plan.problem.group_layout) == (256, "contiguous")
+    assert plan_from_module(parse_module(text)) == k.plan
+    # each fact is map-groups' alone: the IR before it has none, and a plan cannot be read without it
+    before = k.ir("pipeline-staging")
+    assert "kernel.group" not in before
+    with pytest.raises(SpecError, match="run map-groups first"):
+        plan_from_module(parse_module(before))
+
+
+def test_an_edited_group_fact_or_store_is_named_by_verify_resources():
+    from gemmc.ir import make_context
+    from gemmc.passes import pass_pipeline
+    k = gemmc.compile(GemmSpec(m="M", n=512, k=256, groups="E", group_layout="contiguous"), Schedule(),
+                      emit="ir")
+    text = k.ir("verify-resources").replace("order m", "order n").replace(
+        "out st_global box 1x1 swizzle 0 vector 2", "out tma_store box 128x32 swizzle 64")
+    with pytest.raises(ScheduleError) as e:
+        pass_pipeline(["verify-resources"]).apply(make_context(), parse_module(text))
+    assert "got order n; map-groups writes order m" in str(e.value)
+    assert "grouped store (kernel.copy out): got tma_store" in str(e.value)
+    stale = k.ir("verify-resources").replace("kernel.group contiguous", "kernel.group masked")
+    with pytest.raises(Exception, match="rerun map-groups"):
+        parse_module(stale).verify()
+
+
+# ---- the predicate -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(split_k=2), "split_k=2"), (dict(swizzle=4), "swizzle=4"), (dict(stream_k=True), "stream_k=True"),
+    (dict(swap_ab=True, tile=(64, 16, 128), mode="pingpong"), "swap_ab=True"),
+    (dict(tile=(192, 128, 64)), "192"), (dict(tile=(128, 128, 32), arch="sm_80"), "sm_90a only"),
+])
+def test_predicate_refuses_what_breaks_a_group_tile(kw, needle):
+    s = Schedule(**{"tile": (128, 128, 64), **kw})
+    grouped = GemmSpec(m="M", n=4096, k=7168, groups=8, group_layout="contiguous")
+    problems = [str(v) for v in check_schedule(s, grouped) if "grouped" in v.limit]
+    assert any(needle in p for p in problems), problems
+    assert not [v for v in check_schedule(s, GemmSpec(m="M", n=4096, k=7168)) if "grouped" in v.limit]
