@@ -111,3 +111,22 @@ def test_decode_over_256_experts_and_the_debug_check(monkeypatch):
     groups[5] = 7
     with pytest.raises(gemmc.LaunchError, match="unsorted"):
         kernel(a, b, groups)
+
+
+def test_the_torch_op_eager_compiled_and_in_a_graph():
+    import gemmc.torch_ops as gto
+    rows = [5, 0, 130, 1, 64]
+    spec = GemmSpec(m="M", n=N, k=K, groups="E", group_layout="contiguous", gate="silu")
+    a, b, groups, _ = make_grouped_inputs(spec, rows, N, K)
+    ref, bound = grouped_reference_and_bound(spec, a, b, groups, [])
+    y = gto.grouped_gemm(a, b, groups, gate="silu")
+    assert error_figures(y, ref, bound)[1] <= 1.0
+    compiled = torch.compile(lambda x, w, o: gto.grouped_gemm(x, w, o, gate="silu"), fullgraph=True, dynamic=True)
+    assert error_figures(compiled(a, b, groups), ref, bound)[1] <= 1.0
+    graph, static_out = torch.cuda.CUDAGraph(), None
+    with torch.cuda.graph(graph):
+        static_out = gto.grouped_gemm(a, b, groups, gate="silu")
+    static_out.fill_(math.nan)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert error_figures(static_out, ref, bound)[1] <= 1.0
