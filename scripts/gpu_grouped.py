@@ -24,13 +24,13 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gemmc.bench.grouped_timing import time_sides  # noqa: E402
 from gemmc.bench.moe import MODELS, ROUTINGS, TOKENS, model, offsets_of, route, spec_of  # noqa: E402
 from gemmc.schedule import Schedule  # noqa: E402
 from gemmc.spec import EpilogueInput, EpilogueOp, GemmSpec, Ref  # noqa: E402
@@ -121,52 +121,6 @@ def check(name, fn, spec, log, watchdog):
 
 
 # ---- timing ---------------------------------------------------------------------------------------
-
-def graph_of(calls, inner: int):
-    import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            for c in calls:
-                c()
-    g.replay()
-    torch.cuda.synchronize()
-    return g
-
-
-def time_sides(sides: dict, reps: int = 7) -> dict:
-    """{side: median seconds per call}: each side's calls (one per input set) in a CUDA graph, the sides'
-    replays interleaved repeat by repeat."""
-    import torch
-    graphs, per_replay = {}, {}
-    for name, calls in sides.items():
-        probe = graph_of(calls, 1)
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        probe.replay()
-        e1.record()
-        e1.synchronize()
-        once = max(e0.elapsed_time(e1) / 1e3, 1e-6)
-        inner = max(1, min(50, math.ceil(2e-3 / once)))       # a replay of at least ~2 ms
-        graphs[name], per_replay[name] = graph_of(calls, inner), inner * len(calls)
-    times = {name: [] for name in sides}
-    for _ in range(reps):
-        for name, g in graphs.items():
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            g.replay()
-            e1.record()
-            e1.synchronize()
-            times[name].append(e0.elapsed_time(e1) / 1e3 / per_replay[name])
-    return {name: statistics.median(t) for name, t in times.items()}
-
 
 def quack_gemm():
     try:

@@ -22,7 +22,8 @@ from emit_support import compiled_ptx
 UP = GemmSpec(m="M", n=2048, k=7168, groups="E", group_layout="contiguous", gate="silu", name="up")
 DOWN = GemmSpec(m="M", n=7168, k=2048, groups=256, group_layout="contiguous", name="down")
 DECODE = GemmSpec(m="M", n=1536, k=4096, groups="E", group_layout="masked", name="decode",
-                  inputs=(EpilogueInput("alpha", "scalar"),), epilogue=(EpilogueOp("mul", (Ref.acc(), Ref.input("alpha"))),))
+                  inputs=(EpilogueInput("alpha", "scalar"),),
+                  epilogue=(EpilogueOp("mul", (Ref.acc(), Ref.input("alpha"))),))
 
 
 def emitted(spec, **sched):
@@ -37,8 +38,8 @@ def constants(source: str) -> dict:
 # ---- emission -------------------------------------------------------------------------------------
 
 def test_the_grouped_facts_are_constants_of_the_source():
-    for spec, sched, want in ((DOWN, {}, ("True", "False", "True")),
-                              (DECODE, dict(tile=(64, 128, 64), mode="pingpong", raster="n"), ("True", "True", "False"))):
+    pingpong_n = dict(tile=(64, 128, 64), mode="pingpong", raster="n")
+    for spec, sched, want in ((DOWN, {}, ("True", "False", "True")), (DECODE, pingpong_n, ("True", "True", "False"))):
         _, e = emitted(spec, **sched)
         c = constants(e.source)
         assert (c["GROUPED"], c["GROUP_MASKED"], c["GROUP_ORDER_M"]) == want

@@ -83,6 +83,6 @@ def offsets_of(counts) -> np.ndarray:
 
 def tokens_per_expert_bucket(rows: int, experts: int) -> int:
     """The power of two at or above the mean rows per expert (1 at most one row each): the bucket `auto` and
-    the tuning DB key grouped GEMMs by, with (E, N, K)."""
-    mean = max(1, -(-rows // max(1, experts)))
-    return 1 << (mean - 1).bit_length()
+    the tuning DB key grouped GEMMs by, with (E, N, K) (gemmc.choose.group_keys)."""
+    from ..choose.group_keys import rows_bucket
+    return rows_bucket(-(-rows // max(1, experts)))

@@ -55,7 +55,7 @@ def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, 
     no GPU named or visible (an ahead-of-time build), any GPU's rows count."""
     arch = as_arch(arch)
     if spec.grouped:        # keyed by rows per group, never by a plain problem's entries (choose/grouped.py)
-        return grouped_decision(spec, arch, m)
+        return grouped_decision(spec, arch, m, db=db, gpu_name=gpu_name)
     conc = concrete(spec, m)
     tdb, owned = open_db(db) if conc is not None else (None, False)
     gpu = target_gpu(gpu_name) if conc is not None else gpu_name

@@ -2,8 +2,11 @@
 
 A grouped GEMM's speed follows the rows each group holds (tokens per expert), not the total M: a decode step
 spreads a few rows over many experts and streams their weights; a prefill gives each expert hundreds of rows
-and is compute bound. So it is keyed by (E, N, K) and the rows-per-group bucket (the power of two at or above
-the mean rows per group), and a plain problem's tables or DB rows never decide for it (their M is not its M).
+and is compute bound. So it is keyed by (E, N, K) and the rows-per-group bucket (gemmc.choose.group_keys), and a
+plain problem's tables or DB rows never decide for it (their M is not its M). The order:
+1. the tuning DB's best for this key (`gemmc-search tune --suite moe` records it), among the schedules this
+   gemmc can run (db_steps.db_exact), on the GPU the calls run on; a known group count is needed;
+2. the heuristic below.
 Nothing goes to cuBLAS (torch._grouped_mm is not a route of `auto`).
 
 The heuristic (a first cut, from the kernel's structure; the H200 sweep of `gemmc-search tune --suite moe`
@@ -14,31 +17,19 @@ tiles of the group.
 """
 from __future__ import annotations
 
-import math
+import sqlite3
+from dataclasses import replace
 from typing import Optional
 
 from ..schedule import Schedule, check_schedule
 from ..spec import GemmSpec
+from .db_steps import db_exact, open_db, skip_db
 from .decision import Decision
+from .gpu import target_gpu
+from .group_keys import rows_bucket, rows_per_group
 
 DECODE_ROWS = 64
 MID_ROWS = 192
-
-
-def rows_per_group(spec: GemmSpec, m: Optional[int] = None) -> Optional[int]:
-    """The mean rows a group holds at `m` rows (the runtime M; a static M by default): M itself for masked
-    groups (M is the rows each group may hold), M / E for contiguous ones. None while unknown."""
-    m = m if m is not None else (spec.m if isinstance(spec.m, int) else None)
-    if m is None:
-        return None
-    if spec.group_layout == "masked":
-        return m
-    return math.ceil(m / spec.groups) if isinstance(spec.groups, int) else m
-
-
-def rows_bucket(rows: int) -> int:
-    """The power of two at or above `rows` (at least 1): the DB's and the heuristic's key."""
-    return 1 << (max(1, rows) - 1).bit_length()
 
 
 def candidates(spec: GemmSpec, rows: Optional[int], arch: str) -> list[Schedule]:
@@ -69,7 +60,28 @@ def heuristic_schedule(spec: GemmSpec, arch: str, m: Optional[int] = None) -> tu
     return candidates(spec, rows, arch)[0], "grouped heuristic: no candidate is valid (" + "; ".join(tried) + ")"
 
 
-def grouped_decision(spec: GemmSpec, arch: str, m: Optional[int] = None) -> Decision:
-    """`auto`'s Decision for a grouped GEMM at runtime `m` (see the module docstring)."""
+def grouped_decision(spec: GemmSpec, arch: str, m: Optional[int] = None, db=None,
+                     gpu_name: Optional[str] = None) -> Decision:
+    """`auto`'s Decision for a grouped GEMM at runtime `m` (see the module docstring); `db` and `gpu_name` as
+    resolve_auto's."""
+    m = m if m is not None else (spec.m if isinstance(spec.m, int) else None)
+    known = m is not None and all(isinstance(d, int) for d in (spec.n, spec.k, spec.groups))
+    passed: list = []
+    if known:
+        conc = replace(spec, m=int(m))
+        tdb, owned = open_db(db)
+        try:
+            if tdb is not None:
+                best, passed = db_exact(tdb, conc, arch, target_gpu(gpu_name))
+                if best is not None:
+                    return Decision(best.schedule, "db", detail=f"tuning DB: the best of {best.n_rows} schedules "
+                                    f"at {rows_bucket(rows_per_group(conc))} rows per group on {best.gpu_name}")
+        except sqlite3.DatabaseError as e:
+            skip_db(tdb.path, f"reading {tdb.path} failed ({e})")
+        finally:
+            if owned and tdb is not None:
+                tdb.close()
     schedule, why = heuristic_schedule(spec, arch, m)
+    if passed:
+        why += "; passed over the DB's " + ", ".join(passed)
     return Decision(schedule, "heuristic", detail=why)

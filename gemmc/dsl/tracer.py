@@ -135,9 +135,9 @@ class Tracer:
                               "one matmul; write two kernels")
         for x, side in ((lhs, "left"), (rhs, "right")):
             if x._param is not None and self.param_kind(x._param) != "tensor":
-                raise trace_error(where, f"the {side} matmul operand {x._param} is a "
-                                  f"{'scalar' if self.param_kind(x._param) == 'scalar' else repr(self.params[x._param])}"
-                                  "; matmul operands are tensor parameters")
+                what = "scalar" if self.param_kind(x._param) == "scalar" else repr(self.params[x._param])
+                raise trace_error(where, f"the {side} matmul operand {x._param} is a {what}; matmul operands are "
+                                  "tensor parameters")
             if x._param is None or x._ref is not None:
                 raise trace_error(where, f"the {side} matmul operand is an elementwise result, not a tensor parameter: "
                                   "ops before the matmul (prologue fusion) are not supported")

@@ -31,5 +31,5 @@ from . import autograd as _autograd
 _autograd.register()
 
 __all__ = ["ACTIVATIONS", "GATES", "GROUPED_GATES", "gated_kernel", "gated_linear", "gated_unsupported_reason", "gemm",
-           "gemm_kernel", "grouped_gemm", "grouped_kernel", "linear", "linear_kernel", "prepare_gated", "prepare_linear",
-           "unsupported_reason"]
+           "gemm_kernel", "grouped_gemm", "grouped_kernel", "linear", "linear_kernel", "prepare_gated",
+           "prepare_linear", "unsupported_reason"]

@@ -1,7 +1,7 @@
 """torch.ops.gemmc.grouped_gemm: one launch of every expert's GEMM (mixture-of-experts), gemmc's grouped kernel.
 
     y = gto.grouped_gemm(x, w, offsets)                        # y[o[g]:o[g+1]] = x[o[g]:o[g+1]] @ w[g].T
-    h = gto.grouped_gemm(x, w_gate_up, offsets, gate="silu")    # SwiGLU experts: silu(x @ w[g][:N].T) * (x @ w[g][N:].T)
+    h = gto.grouped_gemm(x, w_gate_up, offsets, gate="silu")   # silu(x @ w[g][:N].T) * (x @ w[g][N:].T) per expert
     y = gto.grouped_gemm(x3, w, counts, layout="masked")        # y[g, :c[g]] = x3[g, :c[g]] @ w[g].T
 
 x: [M, K] rows sorted by expert (contiguous) or [E, M, K] (masked); w: [E, N, K], one nn.Linear-style weight per

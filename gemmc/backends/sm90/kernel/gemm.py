@@ -64,8 +64,8 @@ class Sm90Gemm(TileScheduler, GroupScheduler, Producer, Consumer, PartialSums, E
         if cutlass.const_expr(self.GROUPED):
             n = cute.size(b, mode=[1]) // 2
             row = b.layout.stride[1]
-            return cute.make_tensor(b.iterator, cute.make_layout(
-                (n, cute.size(b, mode=[2]), (2, cute.size(b, mode=[0]))), stride=(row, 1, (n * row, b.layout.stride[0]))))
+            shape = (n, cute.size(b, mode=[2]), (2, cute.size(b, mode=[0])))
+            return cute.make_tensor(b.iterator, cute.make_layout(shape, stride=(row, 1, (n * row, b.layout.stride[0]))))
         n = cute.size(b, mode=[0]) // 2
         row = b.layout.stride[0]
         return cute.make_tensor(b.iterator, cute.make_layout((n, cute.size(b, mode=[1]), 2),
