@@ -261,3 +261,11 @@ def test_predicate_refuses_what_breaks_a_group_tile(kw, needle):
     problems = [str(v) for v in check_schedule(s, grouped) if "grouped" in v.limit]
     assert any(needle in p for p in problems), problems
     assert not [v for v in check_schedule(s, GemmSpec(m="M", n=4096, k=7168)) if "grouped" in v.limit]
+
+
+def test_unaligned_n_or_k_is_refused_before_anything_is_lowered():
+    for dims, needle in ((dict(n=250, k=128), "the output's N"), (dict(n=256, k=100), "A's contiguous dim K")):
+        spec = GemmSpec(m="M", groups=8, group_layout="contiguous", **dims)
+        with pytest.raises(ScheduleError, match="16-byte alignment") as e:
+            gemmc.compile(spec, schedule="auto", emit="ir")
+        assert needle in str(e.value)
