@@ -11,7 +11,8 @@ f16 = fp16 = DType.f16
 f32 = fp32 = DType.f32
 
 # The DSL (gemmc/dsl/).
-from .dsl import Kernel, Scalar, Tensor, clamp, gelu, kernel, relu, sigmoid, silu, tanh  # noqa: F401,E402
+from .dsl import (GroupCounts, GroupOffsets, Kernel, Scalar, Tensor, clamp, gelu, grouped_mm, kernel,  # noqa: F401,E402
+                  relu, sigmoid, silu, tanh)
 
 
 # `gemmc.compile` and friends (gemmc/compiler.py) load xDSL, so they are imported on first use.

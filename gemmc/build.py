@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Optional
 
 from .alignment import alignment_elems
-from .backends import EmittedKernel, Param
+from .backends import GROUP_ROLES, EmittedKernel, Param
 from .cache import (STALE_S, Artifact, KernelCache, cache_key, default_cache, default_cache_dir,
                     dsl_version_from_metadata, share, unwritable_cache_error, versions)
 from .errors import BuildError
@@ -144,6 +144,9 @@ def dim_divisibility(params) -> dict[str, int]:
     for p in params:
         if p.kind != "tensor":
             continue
+        if p.role in GROUP_ROLES:      # a grouped GEMM's offsets or counts: any length
+            div.update({d: div.get(d, 1) for d in p.shape if isinstance(d, str)})
+            continue
         if p.role == "input" and (len(p.shape) == 1 or (batched and len(p.shape) == 2)):
             continue
         for i, d in enumerate(p.shape):
@@ -190,8 +193,9 @@ def fake_arguments(emitted: EmittedKernel) -> list:
             shape = tuple(_fake_extent(d, syms) for d in p.shape)
             stride = tuple(1 if i == c else cute.sym_int64(divisibility=alignment_elems(p.dtype))
                            for i in range(len(shape)))
+            # a grouped GEMM's offsets or counts are read an int32 at a time: any 4-byte aligned view will do
             fakes.append(cute.runtime.make_fake_tensor(_cutlass_dtype(p.dtype), shape, stride,
-                                                       assumed_align=16))
+                                                       assumed_align=4 if p.role in GROUP_ROLES else 16))
         elif p.kind in ("workspace", "semaphore"):
             fakes.append(cute.runtime.make_fake_compact_tensor(
                 _cutlass_dtype(p.dtype), (cute.sym_int(divisibility=4 if p.kind == "workspace" else 1),),

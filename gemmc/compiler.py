@@ -216,8 +216,8 @@ class CompiledGemm:
             return self._after_refusal(e, args, kwargs)
 
     def _after_refusal(self, refused: LaunchError, args, kwargs):
-        if self.decision is None or output_casts(self.spec) is None:     # an epilogue only a kernel runs
-            raise refused
+        if self.decision is None or output_casts(self.spec) is None or self.spec.grouped:
+            raise refused       # an epilogue only a kernel runs; a grouped GEMM has no torch.matmul route
         # `auto` on a plain GEMM: a call no kernel takes (a dim or stride off 16-byte alignment, a batch past a
         # grid limit) runs torch.matmul behind the spec's checks, which still refuse a wrong dtype or shape
         if self._fallback is None:
@@ -510,7 +510,7 @@ def compile(spec_or_kernel, schedule: Union[str, Schedule, dict] = "auto", arch:
     spec = as_spec(spec_or_kernel)
     # a @gemmc.kernel function's calls take its own parameters (gemmc.dsl.Kernel.call_signature)
     signature = getattr(spec_or_kernel, "call_signature", None) if spec_or_kernel is not spec else None
-    if schedule == "auto" and output_casts(spec) is not None:
+    if schedule == "auto" and output_casts(spec) is not None and not spec.grouped:
         unaligned = alignment_violations(spec)       # no kernel can run it; torch.matmul can
         if unaligned:
             return CublasOnlyGemm(spec, as_arch(arch or "sm_90a"), "; ".join(map(str, unaligned)),

@@ -19,6 +19,8 @@ S = |A| @ |B| (the sum of |a_k b_k|) and u_t the unit roundoff of type t (2^-8 b
                lands from the reference's (one ulp near a rounding boundary, else 0).
   output       |fl(v) - ref| <= e + u_out (|ref| + e) for the propagated error e.
 The bound is SAFETY x (that + half the output type's subnormal spacing).
+A grouped GEMM's reference (`grouped_reference_and_bound`) is each group's, computed as a plain GEMM of its rows
+and its weight; rows of no group are NaN, which an unwritten NaN-filled output matches and a written one fails.
 """
 from __future__ import annotations
 
@@ -58,6 +60,60 @@ def make_inputs(spec: GemmSpec, m: int, n: int, k: int, batch: int = 1, device="
             vec_lead = lead if inp.kind == "full" else ()
             extra.append(randn(vec_lead + shape, torch_dtype(inp.dtype)))
     return a, b, extra
+
+
+def group_rows(spec: GemmSpec, groups) -> list[tuple[int, int]]:
+    """(first row, rows) of each group of a grouped GEMM, from its offsets (contiguous) or counts (masked)."""
+    values = [int(v) for v in groups.detach().cpu().tolist()]
+    if spec.group_layout == "masked":
+        return [(0, v) for v in values]
+    return [(values[g], values[g + 1] - values[g]) for g in range(len(values) - 1)]
+
+
+def make_grouped_inputs(spec: GemmSpec, rows: list[int], n: int, k: int, m: int | None = None, device="cuda",
+                        generator=None):
+    """randn A and B of a grouped GEMM whose group g holds rows[g] rows, its offsets (contiguous: from 0, A of
+    `m` rows, at least their sum) or counts (masked: A E x m x K, m at least the largest), and the epilogue
+    inputs (scalars)."""
+    import itertools
+
+    import torch
+    dt = torch_dtype(spec.dtype)
+
+    def randn(shape):
+        return torch.randn(shape, device=device, dtype=torch.float32, generator=generator).to(dt)
+
+    e = len(rows)
+    b = randn((e, 2 * n if spec.gate is not None else n, k) if spec.b_layout == "nk" else (e, k, n))
+    if spec.group_layout == "masked":
+        m = max(rows + [1]) if m is None else m
+        a, groups = randn((e, m, k)), torch.tensor(rows, dtype=torch.int32, device=device)
+    else:
+        m = sum(rows) if m is None else m
+        a = randn((m, k))
+        groups = torch.tensor([0, *itertools.accumulate(rows)], dtype=torch.int32, device=device)
+    extra = [0.5 + 0.25 * i for i, _ in enumerate(spec.inputs)]
+    return a, b, groups, extra
+
+
+def grouped_reference_and_bound(spec: GemmSpec, a, b, groups, extra):
+    """(reference, bound) of a grouped GEMM: each group's rows as a plain GEMM of its weight, in fp32; rows of no
+    group NaN (an unwritten NaN-filled output matches them; a written one fails `error_figures`)."""
+    import dataclasses
+
+    import torch
+    shape = a.shape[:-1] + (spec.n,)
+    ref = torch.full(shape, math.nan, dtype=torch.float32, device=a.device)
+    bound = torch.full(shape, math.inf, dtype=torch.float32, device=a.device)
+    for g, (row0, rows) in enumerate(group_rows(spec, groups)):
+        if rows <= 0:
+            continue
+        plain = dataclasses.replace(spec, groups=None, group_layout=None, m=rows)
+        a_g = a[row0:row0 + rows] if spec.group_layout == "contiguous" else a[g, :rows]
+        r, e = _evaluate(plain, a_g, b[g], extra, with_bound=True)
+        target = (slice(row0, row0 + rows),) if spec.group_layout == "contiguous" else (g, slice(0, rows))
+        ref[target], bound[target] = r, e
+    return ref, bound
 
 
 # ---- fp32 matmuls ---------------------------------------------------------------------------------

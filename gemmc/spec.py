@@ -6,6 +6,12 @@ Operands are passed in the storage shape their layout names, contiguous in the l
   C / the output is M x N, row-major. With `batch`, every operand gets a leading L dim.
 With `gate` (a gated linear unit, e.g. SwiGLU), B is [gate; up] stacked, 2N x K ("nk"): the kernel computes
   gate(A @ B[:N].T) * (A @ B[N:].T), and the epilogue reads that product as its accumulator.
+With `groups` (E) and `group_layout`, one launch runs E GEMMs (mixture-of-experts experts), each with its own B:
+  "contiguous": A is M x K, rows sorted by group; B is E x N x K ("nk") or E x K x N ("kn"); an int32 device tensor
+    `offsets` of E + 1 entries gives group g the rows offsets[g] .. offsets[g + 1] - 1 of A and of the M x N output
+  "masked": A is E x M x K and the output E x M x N (M: the most rows a group holds); an int32 device tensor
+    `counts` of E entries gives group g its first counts[g] rows
+  Output rows outside every group (contiguous) or past a group's count (masked) are not written.
 """
 from __future__ import annotations
 
@@ -31,6 +37,9 @@ EPILOGUE_OPS = BINARY_OPS + UNARY_OPS
 REF_KINDS = ("acc", "input", "const", "node")
 # gate activations of a gated GEMM (GLU family: SwiGLU is silu, GeGLU gelu_erf / gelu_tanh, ReGLU relu, GLU sigmoid)
 GATE_ACTIVATIONS = ("silu", "gelu_erf", "gelu_tanh", "relu", "sigmoid")
+# grouped GEMMs: how A and the output hold the groups' rows, and the int32 operand that says which rows are whose
+GROUP_LAYOUTS = ("contiguous", "masked")
+GROUP_OPERANDS = {"contiguous": "offsets", "masked": "counts"}
 
 
 def _dtype_hint(dtype: DType) -> str:
@@ -151,6 +160,8 @@ class GemmSpec:
     epilogue: tuple[EpilogueOp, ...] = ()
     name: str = "gemm"
     gate: str | None = None            # a GATE_ACTIVATIONS name: B is [gate; up] (2N x K), see the module doc
+    groups: Dim | None = None          # a grouped GEMM's group count E (experts), see the module doc
+    group_layout: str | None = None    # a GROUP_LAYOUTS name, with `groups`
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
@@ -180,6 +191,7 @@ class GemmSpec:
         if not _IDENT.match(self.name):
             raise SpecError(f"name {self.name!r} must be an identifier")
         self._check_gate()
+        self._check_groups()
         self._check_epilogue()
 
     def _check_gate(self):
@@ -199,6 +211,45 @@ class GemmSpec:
         if wrong:
             raise SpecError(f"gate={self.gate!r}: a gated GEMM is built for an nn.Linear-style problem; got "
                             + ", ".join(wrong))
+
+    def _check_groups(self):
+        if self.groups is None and self.group_layout is None:
+            return
+        if self.group_layout not in GROUP_LAYOUTS:
+            raise SpecError(f"group_layout={self.group_layout!r}: a grouped GEMM (groups={self.groups!r}) takes "
+                            "group_layout='contiguous' (A is M x K, rows sorted by group, with E + 1 int32 row "
+                            "offsets) or 'masked' (A is E x M x K, with E int32 row counts)")
+        if self.groups is None:
+            raise SpecError(f"group_layout={self.group_layout!r} needs groups=E, the group count (an int, or a "
+                            "name such as 'E' for one kernel for every count)")
+        object.__setattr__(self, "groups", _check_dim("groups", self.groups))
+        # field -> (what it is, what a grouped GEMM needs)
+        wrong = [f"{what} (use {need})" for what, ok, need in (
+            (f"a_layout={self.a_layout!r}", self.a_layout == "mk", "'mk': the groups' rows are A's rows"),
+            (f"batch={self.batch!r}", self.batch is None, "batch=None: the groups are the batch"),
+        ) if not ok]
+        if wrong:
+            raise SpecError(f"groups={self.groups!r}: a grouped GEMM takes an M x K A per group; got "
+                            + ", ".join(wrong))
+        vectors = [i.name for i in self.inputs if i.kind != "scalar"]
+        if vectors:
+            raise SpecError(f"groups={self.groups!r}: epilogue inputs {vectors} are row, column or full tensors, "
+                            "which a grouped GEMM does not read yet; use scalars (gemmc.Scalar), or apply them "
+                            "to the output in torch")
+        operand = GROUP_OPERANDS[self.group_layout]
+        if operand in {i.name for i in self.inputs}:
+            raise SpecError(f"epilogue input {operand!r}: a {self.group_layout} grouped GEMM's {operand} operand "
+                            "has that name; rename the input")
+
+    @property
+    def grouped(self) -> bool:
+        """One launch of E GEMMs (`groups`, `group_layout`)."""
+        return self.group_layout is not None
+
+    @property
+    def group_operand(self) -> str | None:
+        """The name of a grouped GEMM's int32 operand: "offsets" (contiguous) or "counts" (masked)."""
+        return GROUP_OPERANDS[self.group_layout] if self.grouped else None
 
     @property
     def b_rows(self) -> Dim:

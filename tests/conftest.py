@@ -29,7 +29,9 @@ HAS_GPU = _has_gpu()
 SLOW_MODULES = frozenset({
     "test_bench.py", "test_build.py", "test_build_audit.py", "test_cache_robustness.py", "test_cache_dir.py",
     "test_call_path.py", "test_cta_trace_script.py", "test_docs.py", "test_docs_pytorch.py", "test_examples.py",
-    "test_gpu_floor_script.py", "test_l2_scripts.py", "test_l2_search.py", "test_llama_bench.py", "test_nn_swap_hf.py", "test_power_clock_script.py",
+    "test_gpu_floor_script.py", "test_gpu_grouped_script.py", "test_grouped_torch_op.py", "test_l2_scripts.py",
+    "test_l2_search.py", "test_llama_bench.py",
+    "test_nn_swap_hf.py", "test_power_clock_script.py",
     "test_pretuned.py", "test_search_builder.py", "test_search_cli.py", "test_search_cli_errors.py",
     "test_search_gpu_policy.py", "test_search_robustness.py", "test_search_simulate_real.py",
     "test_search_strategies.py", "test_search_strategies_protocol.py", "test_torch_ops.py",
@@ -41,6 +43,7 @@ SLOW_TESTS = frozenset({     # "module::test" (every parametrization of it)
     "test_cli.py::test_compile_unknown_pass",
     "test_cli.py::test_python_dash_m_gemmc",
     "test_compiler.py::test_compile_is_deterministic_and_fast_for_random_problems",
+    "test_grouped_kernel.py::test_ptx_walks_the_groups_on_the_device_and_stores_from_registers",
     "test_heuristic.py::test_decode_fills_the_machine",
     "test_heuristic.py::test_decode_takes_the_measured_swap_rule",
     "test_heuristic.py::test_heuristic_pick_is_valid_for_any_shape",

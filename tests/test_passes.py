@@ -32,7 +32,8 @@ def check(text: str, expected: str) -> None:
 
 
 def test_pipeline_order():
-    assert PIPELINE == ("assign-warpgroup-roles", "tma-cluster-layout", "pipeline-staging", "verify-resources")
+    assert PIPELINE == ("assign-warpgroup-roles", "tma-cluster-layout", "pipeline-staging", "map-groups",
+                        "verify-resources")
     assert all(PASSES[n].name == n for n in PIPELINE)
 
 

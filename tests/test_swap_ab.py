@@ -71,11 +71,11 @@ def test_the_emitted_host_swaps_the_operands_and_views_out_transposed():
     _, plan = lower(EPI, SWAP)
     src = emit(plan).source
     # the entry hands the kernel b as its A and a as its B; the kernel views out transposed (SWAP_AB)
-    assert "KERNEL(b, a, out, (ep0_bias, ep1_res, ), None, None, stream)" in src
+    assert "KERNEL(b, a, out, (ep0_bias, ep1_res, ), None, None, None, stream)" in src
     assert re.search(r"^SWAP_AB = True ", src, re.M)
     from gemmc.backends.sm90.kernel import epilogue, gemm
     host = Path(gemm.__file__).read_text()
-    assert "out_mnl = self.view(out, self.SWAP_AB)" in host
+    assert "out_mnl = self.view(out, self.SWAP_AB, rows_batched)" in host
     assert "cute.append(cute.select(t.layout, mode=[1, 0])" in host        # (C, R, L) when transposed
     assert "out_mnl[(tCcS[si][0], tCcS[si][1], work.tile_l)] = " in Path(epilogue.__file__).read_text()
     # the problem's n is the kernel's m: a row input is read at the kernel's m coordinate

@@ -28,7 +28,7 @@ class Param:
     dtype: DType
     shape: tuple[Union[int, str], ...] = ()
     contiguous: int = -1
-    role: str = ""               # "a" | "b" | "out" | "input" | "workspace" | "scalar"
+    role: str = ""               # "a" | "b" | "out" | "input" | "workspace" | "scalar" | GROUP_ROLES
     workspace_elems: Optional[str] = None   # python expression over M, N, K, L for the element count
     # (dim, largest extent) of dims a launch grid's y or z extent carries (at most 65535 blocks): the
     # runtime refuses a larger call before launching
@@ -42,6 +42,23 @@ class EmittedKernel:
     entry: str                   # name of the @cute.jit host function in `source`
     params: tuple[Param, ...]
     compile_arch: str = ""       # CUTE_DSL_ARCH to compile with ("sm_90a"; SM80 kernels may use "sm_90a" too)
+
+
+# a grouped GEMM's int32 operand: E + 1 row offsets (contiguous groups) or E row counts (masked)
+GROUP_ROLES = ("group_offsets", "group_counts")
+
+
+def offsets_dim(groups) -> Union[int, str]:
+    """The length of a contiguous grouped GEMM's offsets, E + 1: a number, or for a symbolic E the name of a
+    dim of its own (the runtime checks that it is B's E + 1)."""
+    return groups + 1 if isinstance(groups, int) else f"{groups}_plus_1"
+
+
+def group_param(layout: str, groups) -> Param:
+    """The kernel param of a grouped GEMM's offsets (contiguous) or counts (masked): int32, 4-byte aligned."""
+    if layout == "contiguous":
+        return Param("offsets", "tensor", DType.i32, (offsets_dim(groups),), role="group_offsets")
+    return Param("counts", "tensor", DType.i32, (groups,), role="group_counts")
 
 
 def emit(plan: KernelPlan) -> EmittedKernel:

@@ -1,7 +1,8 @@
 """Benchmark shape suites and the `--shapes FILE` parser.
 
 A shape is (M, N, K) for out[M, N] = A[M, K] @ B[N, K].T (the nn.Linear layout gemmc and
-cuBLAS both run here).
+cuBLAS both run here). The "moe" suite (`gemmc-search tune --suite moe`) is of grouped problems instead
+(`GroupedShape`): one projection of a mixture-of-experts model's experts at a rows-per-expert bucket.
 """
 from __future__ import annotations
 
@@ -46,7 +47,51 @@ LLM_M = (1, 16, 64, 128, 256, 1024, 4096, 16384)
 
 CUDA_L2_DIMS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 12288, 16384)
 
-SUITES = ("square", "llm", "cuda-l2")
+SUITES = ("square", "llm", "cuda-l2", "moe")
+
+
+@dataclass(frozen=True, order=True)
+class GroupedShape:
+    """A contiguous grouped GEMM of gemmc.bench.moe: `projection` of `model`'s experts (E of them, N x K each)
+    with `rows` rows in every expert; M = E x rows. `spec(dtype)` is its problem (the tuning DB's key:
+    E, N, K and the rows bucket)."""
+    model: str
+    projection: str
+    rows: int
+
+    def spec(self, dtype="bf16"):
+        from .moe import model, spec_of
+        from ..spec import GemmSpec
+        s = spec_of(model(self.model), self.projection)
+        return GemmSpec(**{**{f: getattr(s, f) for f in ("n", "k", "groups", "group_layout", "gate", "name")},
+                           "m": s.groups * self.rows, "dtype": dtype})
+
+    @property
+    def m(self) -> int:
+        return self.spec().m
+
+    @property
+    def n(self) -> int:
+        return self.spec().n
+
+    @property
+    def k(self) -> int:
+        return self.spec().k
+
+    @property
+    def flops(self) -> float:
+        return self.spec().flops()
+
+    def __str__(self) -> str:
+        return f"{self.model}/{self.projection}/{self.rows}"
+
+
+def moe() -> list[GroupedShape]:
+    """Every model's up and down projections at the rows-per-expert buckets its token counts make
+    (gemmc.bench.moe.TOKENS routed top_k)."""
+    from .moe import MODELS, PROJECTIONS, TOKENS, tokens_per_expert_bucket
+    return [GroupedShape(m.name, p, rows) for m in MODELS for p in PROJECTIONS
+            for rows in sorted({tokens_per_expert_bucket(t * m.top_k, m.experts) for t in TOKENS})]
 
 
 def square() -> list[Shape]:
@@ -76,6 +121,8 @@ def get_suite(name: str, sample: int | None = None, seed: int = 0) -> list[Shape
         shapes = llm()
     elif name == "cuda-l2":
         return cuda_l2(sample, seed)
+    elif name == "moe":
+        shapes = moe()
     else:
         raise SpecError(f"unknown suite {name!r}; use one of {', '.join(SUITES)} or --shapes FILE")
     if sample is not None and sample < len(shapes):

@@ -40,6 +40,7 @@ from ..types import as_arch
 from .db_steps import db_decision, db_exact, neighbour_step, open_db, skip_db, with_passed_neighbours
 from .decision import Decision, concrete
 from .gpu import target_gpu
+from .grouped import grouped_decision
 from .shipped_steps import heuristic_decision, pretuned_decision, shipped_table
 
 
@@ -53,6 +54,8 @@ def resolve_auto(spec: GemmSpec, arch: str = "sm_90a", m: Optional[int] = None, 
     of other GPUs are: a schedule and a cuBLAS verdict measured on one GPU do not carry to another. With
     no GPU named or visible (an ahead-of-time build), any GPU's rows count."""
     arch = as_arch(arch)
+    if spec.grouped:        # keyed by rows per group, never by a plain problem's entries (choose/grouped.py)
+        return grouped_decision(spec, arch, m, db=db, gpu_name=gpu_name)
     conc = concrete(spec, m)
     tdb, owned = open_db(db) if conc is not None else (None, False)
     gpu = target_gpu(gpu_name) if conc is not None else gpu_name

@@ -12,9 +12,12 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from dataclasses import replace
+
 from ..errors import GemmcError
 from ..spec import GemmSpec
 from ..types import as_arch
+from .group_keys import rows_bucket, rows_per_group
 
 SCHEMA_VERSION = 5      # 2: the min-time view best_per_problem is gone (the verdict is paired, in Python);
                         # 3: a measurement's `timing` (own-clock rows of long calls outrank interleaved ones);
@@ -85,7 +88,10 @@ def default_path() -> Path:
 
 
 def epilogue_class(spec: GemmSpec) -> str:
-    """'plain' for a bare GEMM (cuBLAS computes the same thing), else the ops plus a digest of the DAG."""
+    """'plain' for a bare GEMM (cuBLAS computes the same thing), else the ops plus a digest of the DAG. A grouped
+    GEMM's is "grouped_<layout>/" and that, so no lookup of a plain problem's ever meets it."""
+    if spec.grouped:
+        return f"grouped_{spec.group_layout}/" + epilogue_class(replace(spec, groups=None, group_layout=None))
     if not spec.has_epilogue:
         return "plain"
     ops = "+".join(([f"gate_{spec.gate}"] if spec.gate else []) + [op.op for op in spec.epilogue]) or "cast"
@@ -94,8 +100,15 @@ def epilogue_class(spec: GemmSpec) -> str:
 
 
 def problem_fields(spec: GemmSpec, arch: str) -> dict:
+    """The columns of a problem's rows. A grouped GEMM's (gemmc.choose.group_keys): m is its rows-per-group
+    bucket and batch its group count E, so every M of a bucket shares the entry."""
     if not all(isinstance(d, int) for d in (spec.m, spec.n, spec.k)):
         raise ValueError(f"the tuning DB stores concrete problems; got m={spec.m!r} n={spec.n!r} k={spec.k!r}")
+    if spec.grouped:
+        if not isinstance(spec.groups, int):
+            raise ValueError(f"the tuning DB stores grouped problems of a known group count; got {spec.groups!r}")
+        plain = replace(spec, m=rows_bucket(rows_per_group(spec)), groups=None, group_layout=None)
+        return {**problem_fields(plain, arch), "batch": spec.groups, "epilogue_class": epilogue_class(spec)}
     return {"m": spec.m, "n": spec.n, "k": spec.k, "batch": spec.batch if isinstance(spec.batch, int) else None,
             "dtype": str(spec.dtype), "out_dtype": str(spec.out_dtype), "acc_dtype": str(spec.acc_dtype),
             "a_layout": spec.a_layout, "b_layout": spec.b_layout, "epilogue_class": epilogue_class(spec),

@@ -27,6 +27,9 @@ Conventions (numpy/torch broadcasting, so the body reads as ordinary tensor code
 - The output dtype is the returned value's: a trailing `.to(dtype)` becomes `out_dtype` (it is not kept
   as a cast op); otherwise the output has the input dtype. Ops the return value does not depend on are
   dropped.
+- A grouped GEMM (mixture-of-experts experts) is `gemmc.grouped_mm(x, w.mT, offsets)` with `offsets:
+  gemmc.GroupOffsets["E"]` (x is (M, K), rows sorted by group; w is (E, N, K)), or with `counts:
+  gemmc.GroupCounts["E"]` (x is (E, M, K)); its epilogue reads scalars only.
 Anything else raises `TraceError` naming the construct and the user's `file:line`.
 
 The package, a module per job: parameter_types (the annotations), values (the traced tensors and their
@@ -40,9 +43,9 @@ import inspect
 
 from ..errors import TraceError
 from ..types import DType, as_arch
-from .parameter_types import Scalar, Tensor, TensorType  # noqa: F401
+from .parameter_types import GroupCounts, GroupIndexType, GroupOffsets, Scalar, Tensor, TensorType  # noqa: F401
 from .tracing import evaluated_signature, trace
-from .values import Value, clamp, gelu, relu, sigmoid, silu, tanh  # noqa: F401
+from .values import Value, clamp, gelu, grouped_mm, relu, sigmoid, silu, tanh  # noqa: F401
 
 
 class Kernel:
@@ -70,7 +73,8 @@ class Kernel:
         annotations = evaluated_signature(self.fn).parameters
         return CallSignature(
             self.fn.__name__, self.params,
-            operands=(("a", self.operands["a"]), ("b", self.operands["b"])),
+            operands=tuple((role, self.operands[role]) for role in ("a", "b", self.spec.group_operand)
+                           if role is not None),
             defaults=tuple((p.name, p.default) for p in self._signature.parameters.values()
                            if p.default is not inspect.Parameter.empty),
             declared=tuple((n, annotations[n].annotation.shape) for n in self.params
@@ -78,9 +82,12 @@ class Kernel:
 
     def launch_args(self, *args, **kwargs) -> tuple:
         """The call's arguments reordered as the kernel compiled from `self.spec` takes them:
-        (a, b, *spec.inputs). Defaults fill what is left out; arguments that do not bind raise LaunchError."""
+        (a, b, [a grouped GEMM's offsets or counts], *spec.inputs). Defaults fill what is left out; arguments that do
+        not bind raise LaunchError."""
         bound = dict(zip(self.params, self.call_signature.bind(args, kwargs)))
-        return (bound[self.operands["a"]], bound[self.operands["b"]]) + tuple(bound[i.name] for i in self.spec.inputs)
+        groups = (bound[self.operands[self.spec.group_operand]],) if self.spec.grouped else ()
+        return ((bound[self.operands["a"]], bound[self.operands["b"]]) + groups
+                + tuple(bound[i.name] for i in self.spec.inputs))
 
     def __call__(self, *args, out=None, **kwargs):
         if self._compiled is None:

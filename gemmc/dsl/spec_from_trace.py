@@ -50,8 +50,12 @@ def spec_from_trace(tracer: Tracer, fn, result, ret_where: str, name: str):
     # Epilogue inputs: every parameter but the operands, kinds from how they broadcast.
     inputs = []
     for pname, ptype in tracer.params.items():
-        if pname in (mm.a, mm.b):
+        if pname in (mm.a, mm.b, mm.group_param):
             continue
+        if tracer.param_kind(pname) == "groups":
+            raise trace_error(tracer.param_lines[pname], f"parameter {pname} ({ptype!r}) is never passed to "
+                              "gemmc.grouped_mm: remove it, or compute the product with gemmc.grouped_mm(a, b, "
+                              f"{pname})")
         where = tracer.param_lines[pname]
         if pname not in used_inputs:
             raise trace_error(where, f"parameter {pname} is never used in the returned value: remove it")
@@ -71,11 +75,14 @@ def spec_from_trace(tracer: Tracer, fn, result, ret_where: str, name: str):
     try:
         spec = GemmSpec(m=mm.m, n=mm.n, k=mm.k, dtype=mm.dtype, out_dtype=out_dtype, acc_dtype=tracer.acc_dtype,
                         a_layout=mm.a_layout, b_layout=mm.b_layout, batch=mm.batch, inputs=tuple(inputs),
-                        epilogue=tuple(epilogue), name=name)
+                        epilogue=tuple(epilogue), name=name, groups=mm.groups, group_layout=mm.group_layout)
     except SpecError as e:
         raise trace_error(mm.line, str(e)) from None
     params = list(tracer.params)
-    return spec, {"a": mm.a, "b": mm.b}, params
+    operands = {"a": mm.a, "b": mm.b}
+    if mm.group_param is not None:
+        operands[spec.group_operand] = mm.group_param
+    return spec, operands, params
 
 
 def _live_ops(ops: list[EpilogueOp], out_ref: Ref):

@@ -10,7 +10,7 @@ from typing import Union
 from ..spec import Dim, EpilogueOp, Ref
 from ..types import ACC_DTYPES, INPUT_DTYPES, DType
 from .locations import trace_error
-from .parameter_types import TensorType, fmt_shape
+from .parameter_types import GroupIndexType, TensorType, fmt_shape
 from .values import Value
 
 
@@ -27,13 +27,16 @@ class Matmul:
     batch: Dim | None
     dtype: DType
     line: str
+    groups: Dim | None = None           # a grouped matmul (gemmc.grouped_mm): the group count E,
+    group_layout: str | None = None     # its layout,
+    group_param: str | None = None      # and the parameter that says which rows are whose
 
 
 class Tracer:
     def __init__(self, fn, acc_dtype: DType):
         self.fn = fn
         self.acc_dtype = acc_dtype
-        self.params: dict[str, Union[TensorType, str]] = {}   # name -> TensorType | "scalar"
+        self.params: dict[str, Union[TensorType, GroupIndexType, str]] = {}   # name -> its type, or "scalar"
         self.param_lines: dict[str, str] = {}
         self.ops: list[EpilogueOp] = []
         self.mm: Matmul | None = None
@@ -41,7 +44,9 @@ class Tracer:
         self.epilogue_uses: dict[str, list[tuple[tuple, str]]] = {}  # param -> [(shape used, line)]
 
     def param_kind(self, name: str) -> str:
-        return "scalar" if self.params[name] == "scalar" else "tensor"
+        """"scalar", "groups" (a grouped GEMM's offsets or counts) or "tensor"."""
+        t = self.params[name]
+        return "scalar" if t == "scalar" else ("groups" if isinstance(t, GroupIndexType) else "tensor")
 
     # -- operands --
     def _as_operand(self, x, where: str, sym: str):
@@ -53,6 +58,9 @@ class Tracer:
                 return x._ref, x._shape, x._on_acc
             # a raw parameter entering the epilogue
             name = x._param
+            if self.param_kind(name) == "groups":
+                raise trace_error(where, f"parameter {name} ({self.params[name]!r}) says which rows belong to which "
+                                  "group: pass it to gemmc.grouped_mm, not to an epilogue op")
             if self.mm is not None and name in (self.mm.a, self.mm.b):
                 raise trace_error(where, f"parameter {name} is a matmul operand and cannot also be an epilogue input; "
                                   "pass it twice as two parameters")
@@ -115,7 +123,7 @@ class Tracer:
         return self._emit(op, (r,), s, on_acc, where, attrs)
 
     # -- the matmul --
-    def matmul(self, lhs, rhs, where) -> Value:
+    def matmul(self, lhs, rhs, where, plain: bool = True) -> Value:
         for x in (lhs, rhs):
             if not isinstance(x, Value):
                 raise trace_error(where, f"matmul with {x!r}: both operands must be tensor parameters")
@@ -126,14 +134,17 @@ class Tracer:
             raise trace_error(where, f"a second matmul (the first is at {self.mm.line}): a gemmc kernel has exactly "
                               "one matmul; write two kernels")
         for x, side in ((lhs, "left"), (rhs, "right")):
-            if x._param is not None and self.param_kind(x._param) == "scalar":
-                raise trace_error(where, f"the {side} matmul operand {x._param} is a scalar; matmul operands are "
+            if x._param is not None and self.param_kind(x._param) != "tensor":
+                what = "scalar" if self.param_kind(x._param) == "scalar" else repr(self.params[x._param])
+                raise trace_error(where, f"the {side} matmul operand {x._param} is a {what}; matmul operands are "
                                   "tensor parameters")
             if x._param is None or x._ref is not None:
                 raise trace_error(where, f"the {side} matmul operand is an elementwise result, not a tensor parameter: "
                                   "ops before the matmul (prologue fusion) are not supported")
             declared = self.params[x._param].shape
             expected = declared[:-2] + declared[-2:][::-1] if x._transposed else declared
+            if not plain:   # a grouped matmul's contiguous A meets one group's B: its last two dims
+                expected = expected[len(expected) - len(x._shape):]
             if len(declared) < 2 or x._shape != expected:
                 raise trace_error(where, f"matmul operand {x._param} {fmt_shape(x._shape)}: operands are (M, K) / "
                                   "(K, N) matrices, optionally with a leading batch dim, and not indexed")
@@ -163,6 +174,36 @@ class Tracer:
                          "nk" if rhs._transposed else "kn", m, n, ka, batch, ta.dtype, where)
         self.acc_shape = ((batch,) if batch is not None else ()) + (m, n)
         return Value(self, Ref.acc(), self.acc_shape, on_acc=True, line=where)
+
+    def grouped_matmul(self, lhs, rhs, groups, where) -> Value:
+        """gemmc.grouped_mm(a, b, offsets_or_counts): E matmuls in one, group g's rows of A times its B[g]."""
+        if not (isinstance(groups, Value) and groups._param is not None
+                and self.param_kind(groups._param) == "groups"):
+            raise trace_error(where, f"gemmc.grouped_mm's third argument is {self._describe(groups)}: pass the "
+                              "parameter annotated gemmc.GroupOffsets[E] (contiguous groups) or gemmc.GroupCounts[E] "
+                              "(masked groups)")
+        g = self.params[groups._param]
+        for x in (lhs, rhs):
+            if isinstance(x, Value) and x._param is not None and x._ref is None and len(x._shape) == 3 \
+                    and x._shape[0] != g.groups:
+                raise trace_error(where, f"{x._param} has {x._shape[0]} groups (its leading dim) but "
+                                  f"{groups._param} is {g!r}: declare both with the same E")
+        if not (isinstance(rhs, Value) and len(rhs._shape) == 3):
+            raise trace_error(where, f"gemmc.grouped_mm's B is {self._describe(rhs)} of shape "
+                              f"{fmt_shape(getattr(rhs, '_shape', ()))}: declare one weight per group, (E, N, K) "
+                              "used as `w.mT` or (E, K, N)")
+        want = 2 if g.layout == "contiguous" else 3
+        if isinstance(lhs, Value) and len(lhs._shape) != want:
+            shape = "(M, K), the groups' rows sorted by group" if want == 2 else "(E, M, K), M rows per group"
+            raise trace_error(where, f"gemmc.grouped_mm's A {self._describe(lhs)} has shape {fmt_shape(lhs._shape)} "
+                              f"but {groups._param} is {g!r} ({g.layout} groups): declare A {shape}")
+        if want == 2:   # A (M, K) against one (K, N) matrix per group: matmul checks the 2-D product
+            rhs = Value(self, None, rhs._shape[1:], param=rhs._param, transposed=rhs._transposed, line=rhs._line)
+        result = self.matmul(lhs, rhs, where, plain=False)
+        mm = self.mm
+        mm.batch = None
+        mm.groups, mm.group_layout, mm.group_param = g.groups, g.layout, groups._param
+        return result
 
     def _check_dtypes(self, da: DType, db: DType, where):
         for dt in (da, db):

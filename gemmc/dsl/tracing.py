@@ -11,7 +11,7 @@ from ..errors import SpecError, TraceError
 from ..spec import Ref
 from ..types import DType, as_dtype
 from .locations import file_line, is_library_file, trace_error
-from .parameter_types import Scalar, TensorType
+from .parameter_types import GroupIndexType, Scalar, TensorType
 from .spec_from_trace import spec_from_trace
 from .tracer import Tracer
 from .values import Value
@@ -75,13 +75,17 @@ def trace(fn, acc_dtype=DType.f32, name: str | None = None):
         if isinstance(ann, TensorType):
             tracer.params[p.name] = ann
             values.append(Value(tracer, None, ann.shape, param=p.name, line=where))
+        elif isinstance(ann, GroupIndexType):
+            tracer.params[p.name] = ann
+            length = ann.groups + 1 if isinstance(ann.groups, int) and ann.kind == "offsets" else ann.groups
+            values.append(Value(tracer, None, (length,), param=p.name, line=where))
         elif ann is Scalar or ann is float:
             tracer.params[p.name] = "scalar"
             values.append(Value(tracer, None, (), param=p.name, line=where))
         else:
             what = "has no annotation" if ann is inspect.Parameter.empty else f"has annotation {ann!r}"
-            raise trace_error(where, f"parameter {p.name} {what}: annotate it gemmc.Tensor[(dims...), dtype] or "
-                              "gemmc.Scalar")
+            raise trace_error(where, f"parameter {p.name} {what}: annotate it gemmc.Tensor[(dims...), dtype], "
+                              "gemmc.Scalar, or a grouped GEMM's gemmc.GroupOffsets[E] / gemmc.GroupCounts[E]")
     # Scalars are epilogue inputs from the start (they can never be matmul operands).
     for v in values:
         if v._shape == () and tracer.params[v._param] == "scalar":

@@ -1,6 +1,7 @@
 """The symbolic tensors a kernel function is traced over (`Value`): the operators that record matmul and
-epilogue ops on their tracer, the ones that raise (control flow, indexing, reductions, torch functions), and
-gemmc.relu/gelu/silu/sigmoid/tanh/clamp, which also run on torch tensors (for reference code)."""
+epilogue ops on their tracer, the ones that raise (control flow, indexing, reductions, torch functions),
+gemmc.relu/gelu/silu/sigmoid/tanh/clamp, which also run on torch tensors (for reference code), and
+gemmc.grouped_mm, a grouped GEMM's matmul (also run on torch tensors, as the per-group reference)."""
 from __future__ import annotations
 
 from ..errors import SpecError
@@ -247,3 +248,24 @@ def clamp(x, min=None, max=None):  # noqa: A002  (torch's names)
         return x._tracer.unary("clamp", x, where, attrs)
     import torch
     return torch.clamp(x, min=min, max=max)
+
+
+def grouped_mm(a, b, groups):
+    """E matmuls in one (mixture-of-experts experts): group g's rows of `a` times its own `b[g]`.
+
+    Contiguous groups (`groups` a gemmc.GroupOffsets[E]): a is (M, K), rows sorted by group, and group g owns rows
+    groups[g] .. groups[g + 1] - 1; b is (E, K, N) (`w.mT` of an (E, N, K) weight); the result is (M, N).
+    Masked groups (a gemmc.GroupCounts[E]): a is (E, M, K), group g owns its first groups[g] rows; the result is
+    (E, M, N). Rows of no group are not written by a kernel; on torch tensors (the reference) they are 0."""
+    if _is_value(a) or _is_value(b) or _is_value(groups):
+        tracer = next(x._tracer for x in (a, b, groups) if _is_value(x))
+        return tracer.grouped_matmul(a, b, groups, user_line())
+    out = a.new_zeros(a.shape[:-1] + (b.shape[-1],))
+    for g in range(b.shape[0]):
+        if a.dim() == 2:
+            lo, hi = int(groups[g]), int(groups[g + 1])
+            out[lo:hi] = a[lo:hi] @ b[g]
+        else:
+            rows = int(groups[g])
+            out[g, :rows] = a[g, :rows] @ b[g]
+    return out

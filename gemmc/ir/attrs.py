@@ -24,8 +24,10 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DTYPES = tuple(d.value for d in DType)
 
 # layout -> rank without the batch dim. A: mk|km, B: nk|kn, the output: mn,
-# epilogue inputs: how they broadcast over the M x N accumulator.
-LAYOUT_RANK = {"mk": 2, "km": 2, "nk": 2, "kn": 2, "mn": 2, "full": 2, "row": 1, "col": 1, "scalar": 0}
+# epilogue inputs: how they broadcast over the M x N accumulator; a grouped GEMM's group operand, dims (E,):
+# offsets (E + 1 int32 row offsets: contiguous groups) or counts (E int32 row counts: masked groups).
+LAYOUT_RANK = {"mk": 2, "km": 2, "nk": 2, "kn": 2, "mn": 2, "full": 2, "row": 1, "col": 1, "scalar": 0,
+               "offsets": 1, "counts": 1}
 
 DimValue = Union[int, str]
 
@@ -104,7 +106,7 @@ class TensorType(ParametrizedAttribute, TypeAttribute):
         if self.dtype.data not in _DTYPES:
             raise VerifyException(f"!gemmc.tensor: unknown dtype {self.dtype.data!r}; use one of {_DTYPES}")
         rank = LAYOUT_RANK[layout]
-        batchable = layout not in ("row", "col", "scalar")
+        batchable = layout not in ("row", "col", "scalar", "offsets", "counts")
         if not (len(self.dims) == rank or (batchable and len(self.dims) == rank + 1)):
             raise VerifyException(f"!gemmc.tensor: layout {layout} needs {rank} dims"
                                   + (" (+1 batch dim)" if batchable else "") + f", got {len(self.dims)}")

@@ -17,14 +17,21 @@ from .kernel import KernelGemmOp
 
 
 def operand_types(spec: GemmSpec) -> dict[str, TensorType]:
+    """The type of each operand by name: a, b, out, a grouped GEMM's offsets or counts, the epilogue inputs."""
     lead = (spec.batch,) if spec.batch is not None else ()
+    b_lead = lead
+    if spec.grouped:    # B holds one weight per group; A and the output are the groups' rows (contiguous)
+        b_lead = (spec.groups,)
+        lead = (spec.groups,) if spec.group_layout == "masked" else ()
     m, n, k = spec.m, spec.n, spec.k
     types = {
         "a": TensorType.make(lead + ((m, k) if spec.a_layout == "mk" else (k, m)), spec.dtype, spec.a_layout),
-        "b": TensorType.make(lead + ((spec.b_rows, k) if spec.b_layout == "nk" else (k, n)), spec.dtype,
+        "b": TensorType.make(b_lead + ((spec.b_rows, k) if spec.b_layout == "nk" else (k, n)), spec.dtype,
                              spec.b_layout),
         "out": TensorType.make(lead + (m, n), spec.out_dtype, "mn"),
     }
+    if spec.grouped:
+        types[spec.group_operand] = TensorType.make((spec.groups,), DType.i32, spec.group_operand)
     for i in spec.inputs:
         dims = {"scalar": (), "row": (n,), "col": (m,), "full": lead + (m, n)}[i.kind]
         types[i.name] = TensorType.make(dims, i.dtype, i.kind)
@@ -72,7 +79,8 @@ def spec_to_module(spec: GemmSpec, schedule: Schedule | None = None) -> ModuleOp
     args = {name: ArgOp(name, t) for name, t in types.items() if name != "out"}
     matmul = MatmulOp(spec.name, args["a"].result, args["b"].result, [args[i.name].result for i in spec.inputs],
                       types["out"], spec.acc_dtype.value, epilogue_region(spec),
-                      ScheduleAttr.from_schedule(schedule) if schedule is not None else None, spec.gate)
+                      ScheduleAttr.from_schedule(schedule) if schedule is not None else None, spec.gate,
+                      args[spec.group_operand].result if spec.grouped else None)
     module = ModuleOp([*args.values(), matmul])
     module.verify()
     return module
@@ -125,10 +133,13 @@ def spec_of(op: MatmulOp | KernelGemmOp) -> GemmSpec:
     m, k = a.dims[-2:] if a.layout.data == "mk" else a.dims[-2:][::-1]
     n = out.dims[-1]
     inputs = tuple(EpilogueInput(arg_name(x), x.type.layout.data, x.type.element) for x in op.inputs)
+    grouped = {}
+    if op.groups is not None:   # the groups are a grouped GEMM's leading dim, not a batch
+        grouped = {"groups": op.groups.type.dims[0], "group_layout": op.group_layout}
     return GemmSpec(m=m, n=n, k=k, dtype=a.element, out_dtype=out.element, acc_dtype=op.acc_dtype.data,
-                    a_layout=a.layout.data, b_layout=b.layout.data, batch=a.batch, inputs=inputs,
-                    epilogue=_epilogue_ops(op.epilogue_region), name=op.kernel_name.data,
-                    gate=op.gate.data if op.gate is not None else None)
+                    a_layout=a.layout.data, b_layout=b.layout.data, batch=None if grouped else a.batch,
+                    inputs=inputs, epilogue=_epilogue_ops(op.epilogue_region), name=op.kernel_name.data,
+                    gate=op.gate.data if op.gate is not None else None, **grouped)
 
 
 def schedule_of(op: MatmulOp | KernelGemmOp) -> Schedule | None:

@@ -5,11 +5,12 @@ from xdsl.dialects.builtin import ModuleOp
 
 from ..errors import SpecError
 from .build import find_gemm, spec_of
-from .kernel import ClusterOp, CopyOp, KernelGemmOp, MmaOp, PipelineOp, TileSchedulerOp, WarpGroupOp
-from .plan import Epilogue, KernelPlan, Mma, OperandCopy, Pipeline, ProblemInfo, TileScheduler, WarpGroup
+from .kernel import ClusterOp, CopyOp, GroupOp, KernelGemmOp, MmaOp, PipelineOp, TileSchedulerOp, WarpGroupOp
+from .plan import (Epilogue, GroupMapping, KernelPlan, Mma, OperandCopy, Pipeline, ProblemInfo, TileScheduler,
+                   WarpGroup)
 
 _MADE_BY = {MmaOp: "assign-warpgroup-roles", ClusterOp: "tma-cluster-layout",
-            PipelineOp: "pipeline-staging", TileSchedulerOp: "pipeline-staging"}
+            PipelineOp: "pipeline-staging", TileSchedulerOp: "pipeline-staging", GroupOp: "map-groups"}
 
 
 def plan_from_module(module: ModuleOp) -> KernelPlan:
@@ -27,13 +28,15 @@ def plan_from_module(module: ModuleOp) -> KernelPlan:
     spec = spec_of(kernel)
     problem = ProblemInfo(m=spec.m, n=spec.n, k=spec.k, batch=spec.batch, a_dtype=spec.dtype, b_dtype=spec.dtype,
                           out_dtype=spec.out_dtype, acc_dtype=spec.acc_dtype, a_major=spec.a_major,
-                          b_major=spec.b_major, name=spec.name, gate=spec.gate)
+                          b_major=spec.b_major, name=spec.name, gate=spec.gate, groups=spec.groups,
+                          group_layout=spec.group_layout)
     # asked for in pass order, so the error names the first pass that has not run
     mma, cluster = need(MmaOp), need(ClusterOp)
     store = kernel.epilogue_op.store
     if store is None:
         raise SpecError("kernel.epilogue has no store path: run tma-cluster-layout first")
     pipe, sched = need(PipelineOp), need(TileSchedulerOp)
+    groups = GroupMapping(**need(GroupOp).values()) if spec.grouped else None
     return KernelPlan(
         arch=kernel.arch.data,
         problem=problem,
@@ -49,4 +52,5 @@ def plan_from_module(module: ModuleOp) -> KernelPlan:
                 a_source=mma.get("a_source")),
         epilogue=Epilogue(inputs=spec.inputs, ops=spec.epilogue, store=store.data),
         swap_ab=bool(kernel.schedule.swap_ab.value.data),
+        groups=groups,
     )

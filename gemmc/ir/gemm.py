@@ -15,20 +15,23 @@ The epilogue region has one f32 block argument for the accumulator, then one per
 (the input's value broadcast to the current element). Epilogue math is f32; `gemm.cast` rounds.
 A gated GEMM (`acc f32 gate silu -> ...`) has B = [gate; up] (2N x K) and hands the epilogue
 silu(A @ gate.T) * (A @ up.T) as its accumulator.
+A grouped GEMM names its group operand and layout after A and B: `@gemm(%a, %b) grouped contiguous(%offsets)`
+with %offsets a `!gemmc.tensor<E x i32, offsets>` (E + 1 row offsets of E groups) and B E x N x K; or
+`grouped masked(%counts)` with a `!gemmc.tensor<E x i32, counts>` and A E x M x K.
 """
 from __future__ import annotations
 
 import math
 from xdsl.dialects.builtin import FloatData, StringAttr, f32
 from xdsl.ir import Block, Dialect, Operation, Region, SSAValue
-from xdsl.irdl import (IRDLOperation, irdl_op_definition, operand_def, opt_prop_def, prop_def, region_def,
-                       result_def, traits_def, var_operand_def)
+from xdsl.irdl import (AttrSizedOperandSegments, IRDLOperation, irdl_op_definition, operand_def, opt_operand_def,
+                       opt_prop_def, prop_def, region_def, result_def, traits_def, var_operand_def)
 from xdsl.parser import Parser, UnresolvedOperand
 from xdsl.printer import Printer
 from xdsl.traits import IsTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from ..spec import BINARY_OPS, GATE_ACTIVATIONS, INPUT_KINDS, OUTPUT_DTYPES
+from ..spec import BINARY_OPS, GATE_ACTIVATIONS, GROUP_OPERANDS, INPUT_KINDS, OUTPUT_DTYPES
 from ..types import ACC_DTYPES, DType
 from .attrs import ScheduleAttr, TensorType
 
@@ -356,27 +359,38 @@ class GemmSignature(IRDLOperation):
     (`print_header`, on indented continuation lines), then its one region."""
     a = operand_def(TensorType)
     b = operand_def(TensorType)
+    groups = opt_operand_def(TensorType)   # a grouped GEMM's offsets or counts
     inputs = var_operand_def(TensorType)
     out = result_def(TensorType)
     kernel_name = prop_def(StringAttr)
     acc_dtype = prop_def(StringAttr)
     gate = opt_prop_def(StringAttr)        # a gated GEMM's gate activation (B is [gate; up])
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
 
     def __init__(self, name: str, a: SSAValue, b: SSAValue, inputs, out_type: TensorType, acc_dtype: str,
-                 region: Region, properties: dict, gate: str | None = None):
+                 region: Region, properties: dict, gate: str | None = None, groups: SSAValue | None = None):
         """`properties` are the op's own, after the signature's; `region` is its one region."""
         props = {"kernel_name": StringAttr(name), "acc_dtype": StringAttr(str(acc_dtype)), **properties}
         if gate is not None:
             props["gate"] = StringAttr(gate)
-        super().__init__(operands=[a, b, list(inputs)], result_types=[out_type], properties=props,
-                         regions=[region])
+        super().__init__(operands=[a, b, [groups] if groups is not None else [], list(inputs)],
+                         result_types=[out_type], properties=props, regions=[region])
         self.out.name_hint = "out"
+
+    @property
+    def group_layout(self) -> str | None:
+        """"contiguous" | "masked" for a grouped GEMM (its group operand's layout says which), else None."""
+        if self.groups is None:
+            return None
+        return {operand: layout for layout, operand in GROUP_OPERANDS.items()}.get(self.groups.type.layout.data)
 
     def signature_verify(self, where: str) -> None:
         a, b, out = self.a.type, self.b.type, self.out.type
         for what, t, layouts in (("A", a, ("mk", "km")), ("B", b, ("nk", "kn")), ("the output", out, ("mn",))):
             if not isinstance(t, TensorType) or t.layout.data not in layouts:
                 raise VerifyException(f"{where}: {what} must be a !gemmc.tensor with layout {' or '.join(layouts)}")
+        if self.groups is not None:
+            self._groups_verify(where)
         (am, ak) = a.dims[-2:] if a.layout.data == "mk" else a.dims[-2:][::-1]
         (bn, bk) = b.dims[-2:] if b.layout.data == "nk" else b.dims[-2:][::-1]
         om, on = out.dims[-2:]
@@ -389,7 +403,7 @@ class GemmSignature(IRDLOperation):
         if self.gate is not None:
             if self.gate.data not in GATE_ACTIVATIONS:
                 raise VerifyException(f"{where}: gate {self.gate.data!r}; use one of {GATE_ACTIVATIONS}")
-            if (a.layout.data, b.layout.data) != ("mk", "nk") or a.batch is not None:
+            if (a.layout.data, b.layout.data) != ("mk", "nk") or (a.batch is not None and self.groups is None):
                 raise VerifyException(f"{where}: a gated GEMM takes an unbatched mk A and an nk B ([gate; up])")
             if not (isinstance(on, int) and bn == 2 * on):
                 raise VerifyException(f"{where}: a gated GEMM's B is [gate; up], 2N x K, for an output of N "
@@ -397,7 +411,7 @@ class GemmSignature(IRDLOperation):
             bn = on
         if (am, bn) != (om, on):
             raise VerifyException(f"{where}: A x B is {am} x {bn} but the output is {om} x {on}")
-        if not (a.batch == b.batch == out.batch):
+        if not (a.batch == b.batch == out.batch) and self.group_layout != "contiguous":
             raise VerifyException(f"{where}: batch dims differ: A {a.batch}, B {b.batch}, output {out.batch}")
         if self.acc_dtype.data not in {d.value for d in ACC_DTYPES}:
             raise VerifyException(f"{where}: accumulator dtype {self.acc_dtype.data}; use f32 or f16")
@@ -412,6 +426,26 @@ class GemmSignature(IRDLOperation):
                 raise VerifyException(f"{where}: {t.layout.data} input {arg_name(x)} must have dims {want}, "
                                       f"got {t.dims}")
         verify_epilogue_region(self.epilogue_region, self.inputs, where)
+
+    def _groups_verify(self, where: str) -> None:
+        """A grouped GEMM: an i32 group operand of E groups; B one weight per group; A and the output (M, .) rows
+        of every group (contiguous) or (E, M, .) (masked); scalar epilogue inputs only."""
+        a, b, out, g = self.a.type, self.b.type, self.out.type, self.groups.type
+        layout = self.group_layout
+        if layout is None or g.dtype.data != "i32" or len(g.dims) != 1:
+            raise VerifyException(f"{where}: the group operand {arg_name(self.groups)} must be a "
+                                  "!gemmc.tensor<E x i32, offsets> (contiguous) or <E x i32, counts> (masked)")
+        (e,) = g.dims
+        lead = {"contiguous": None, "masked": e}[layout]
+        for what, t, want in (("A", a, lead), ("B", b, e), ("the output", out, lead)):
+            if t.batch != want:
+                raise VerifyException(f"{where}: {layout} groups: {what} has leading dim {t.batch}, not "
+                                      + (f"E = {e}" if want is not None else "none (the groups' rows are its rows)"))
+        if a.layout.data != "mk":
+            raise VerifyException(f"{where}: a grouped GEMM's A is mk (the groups' rows are its rows)")
+        vectors = [arg_name(x) for x in self.inputs if x.type.layout.data != "scalar"]
+        if vectors:
+            raise VerifyException(f"{where}: a grouped GEMM reads scalar epilogue inputs only, not {vectors}")
 
     @property
     def epilogue_region(self) -> Region:
@@ -433,6 +467,10 @@ class GemmSignature(IRDLOperation):
         printer.print_symbol_name(self.kernel_name.data)
         with printer.in_parens():
             printer.print_list([self.a, self.b], printer.print_operand)
+        if self.groups is not None:
+            printer.print_string(f" grouped {self.group_layout}")
+            with printer.in_parens():
+                printer.print_operand(self.groups)
         if self.inputs:
             printer.print_string(" inputs")
             with printer.in_parens():
@@ -445,10 +483,21 @@ class GemmSignature(IRDLOperation):
 
     @staticmethod
     def parse_signature(parser: Parser) -> tuple:
-        """((name, a, b, inputs, out_type, acc_dtype), gate): the leading arguments of the op's constructor,
-        and its gate activation (None: not gated)."""
+        """((name, a, b, inputs, out_type, acc_dtype), options): the leading arguments of the op's constructor,
+        and its keyword ones: gate (the gate activation, None: not gated) and groups (the group operand)."""
         name = parser.parse_symbol_name().data
         a, b = parser.parse_comma_separated_list(parser.Delimiter.PAREN, lambda: parse_defined_operand(parser))
+        groups = None
+        if parser.parse_optional_keyword("grouped"):
+            layout = parser.parse_identifier("group layout (contiguous or masked)")
+            if layout not in GROUP_OPERANDS:
+                parser.raise_error(f"group layout {layout!r}; use one of {tuple(GROUP_OPERANDS)}")
+            parser.parse_punctuation("(")
+            groups = parse_defined_operand(parser)
+            parser.parse_punctuation(")")
+            if not isinstance(groups.type, TensorType) or groups.type.layout.data != GROUP_OPERANDS[layout]:
+                parser.raise_error(f"grouped {layout}: the group operand must be a !gemmc.tensor<E x i32, "
+                                   f"{GROUP_OPERANDS[layout]}>")
         inputs = []
         if parser.parse_optional_keyword("inputs"):
             inputs = parser.parse_comma_separated_list(parser.Delimiter.PAREN, lambda: parse_defined_operand(parser))
@@ -457,7 +506,7 @@ class GemmSignature(IRDLOperation):
         gate = parser.parse_identifier("gate activation") if parser.parse_optional_keyword("gate") else None
         parser.parse_punctuation("->")
         out = parser.parse_type()
-        return (name, a, b, inputs, out, acc), gate
+        return (name, a, b, inputs, out, acc), {"gate": gate, "groups": groups}
 
 
 @irdl_op_definition
@@ -468,9 +517,10 @@ class MatmulOp(GemmSignature):
     epilogue = region_def("single_block")
 
     def __init__(self, name: str, a: SSAValue, b: SSAValue, inputs, out_type: TensorType, acc_dtype: str,
-                 epilogue: Region, schedule: ScheduleAttr | None = None, gate: str | None = None):
+                 epilogue: Region, schedule: ScheduleAttr | None = None, gate: str | None = None,
+                 groups: SSAValue | None = None):
         super().__init__(name, a, b, inputs, out_type, acc_dtype, epilogue,
-                         {} if schedule is None else {"schedule": schedule}, gate)
+                         {} if schedule is None else {"schedule": schedule}, gate, groups)
 
     def verify_(self) -> None:
         self.signature_verify("gemm.matmul")
@@ -483,10 +533,10 @@ class MatmulOp(GemmSignature):
 
     @classmethod
     def parse(cls, parser: Parser) -> "MatmulOp":
-        signature, gate = cls.parse_signature(parser)
+        signature, options = cls.parse_signature(parser)
         schedule = parser.parse_attribute() if parser.parse_optional_keyword("schedule") else None
         parser.parse_keyword("epilogue")
-        return cls(*signature, parser.parse_region(), schedule, gate)
+        return cls(*signature, parser.parse_region(), schedule, **options)
 
 
 def identity_epilogue(num_inputs: int) -> Region:

@@ -18,6 +18,9 @@
     }
   }
 
+A grouped GEMM's kernel also has `kernel.group contiguous groups E order m walk warp_scan descriptors shared`
+(map-groups), and stores from registers (`kernel.copy out st_global`, `kernel.epilogue store direct`).
+
 Every fact op prints as `kernel.<op> <positional values> (<keyword> <value>)*`, from its FIELDS table,
 which also declares its properties; a field left out of the text holds its default (a_from smem,
 multicast 1, ...). A schedule's L2 fields show on the copies (l2_a = last: `kernel.copy a ... l2 last`) and
@@ -56,15 +59,18 @@ def _to_attr(kind: str, value) -> Attribute:
         return ArrayAttr([StringAttr(str(v)) for v in value])
     if kind == "bool":
         return BoolAttr.from_bool(bool(value))
+    if kind == "dim":       # a problem dim: static (an int) or symbolic (a name)
+        return IntAttr(value) if isinstance(value, int) else StringAttr(str(value))
     raise AssertionError(kind)
 
 
 # the attribute that holds a value of each field kind
-_KIND_ATTRS = {"int": IntAttr, "word": StringAttr, "shape": ArrayAttr, "words": ArrayAttr, "bool": IntegerAttr}
+_KIND_ATTRS = {"int": IntAttr, "word": StringAttr, "shape": ArrayAttr, "words": ArrayAttr, "bool": IntegerAttr,
+               "dim": (IntAttr, StringAttr)}
 
 
 def _from_attr(kind: str, attr: Attribute):
-    if kind in ("int", "word"):
+    if kind in ("int", "word", "dim"):
         return attr.data
     if kind == "shape":
         return ints_value(attr)
@@ -90,7 +96,8 @@ class FactOp(IRDLOperation):
         # @irdl_op_definition reads the class
         super().__init_subclass__(**kwargs)
         for name, _kw, kind, _default in cls.__dict__.get("FIELDS", ()):
-            setattr(cls, name, prop_def(_KIND_ATTRS[kind]))
+            attrs = _KIND_ATTRS[kind]
+            setattr(cls, name, prop_def(attrs[0] | attrs[1] if isinstance(attrs, tuple) else attrs))
 
     @classmethod
     def make(cls, **values):
@@ -134,9 +141,9 @@ class FactOp(IRDLOperation):
             printer.print_string(" ")
             if kw is not None:
                 printer.print_string(kw + " ")
-            if kind == "int":
+            if kind == "int" or (kind == "dim" and isinstance(value, int)):
                 printer.print_string(str(value))
-            elif kind == "word":
+            elif kind in ("word", "dim"):
                 print_word(printer, value)
             elif kind == "shape":
                 print_shape(printer, value)
@@ -158,6 +165,9 @@ class FactOp(IRDLOperation):
                     parser.parse_keyword(kw)
             if kind == "int":
                 values[name] = parser.parse_integer(allow_boolean=False)
+            elif kind == "dim":
+                value = parser.parse_optional_integer(allow_boolean=False, allow_negative=False)
+                values[name] = value if value is not None else parse_word(parser, name)
             elif kind == "word":
                 values[name] = parse_word(parser, name)
             elif kind == "shape":
@@ -320,6 +330,30 @@ class TileSchedulerOp(FactOp):
 
 
 @irdl_op_definition
+class GroupOp(FactOp):
+    """A grouped GEMM (map-groups): its layout and group count E; the order of one group's tiles (M or N
+    fastest); how a CTA finds the group of its next work unit (walk: warp_scan, a cursor over the groups
+    that only moves forward, 32 groups a step, one per lane, with a warp prefix sum of their tile counts);
+    and the TMA descriptors (shared: one per operand, a group's first row or index in its coordinates)."""
+    name = "kernel.group"
+    FIELDS: ClassVar[tuple] = (("layout", None, "word", _REQUIRED), ("groups", "groups", "dim", _REQUIRED),
+              ("order", "order", "word", _REQUIRED), ("group_walk", "walk", "word", _REQUIRED),
+              ("descriptors", "descriptors", "word", _REQUIRED))
+    LAYOUTS: ClassVar[tuple] = ("contiguous", "masked")
+    WALKS: ClassVar[tuple] = ("warp_scan",)
+    DESCRIPTORS: ClassVar[tuple] = ("shared",)
+
+    def check(self) -> None:
+        v = self.values()
+        self.fail_unless(v["layout"] in self.LAYOUTS, f"layout {v['layout']!r}; use one of {self.LAYOUTS}")
+        self.fail_unless(not isinstance(v["groups"], int) or v["groups"] >= 1, f"groups {v['groups']} must be >= 1")
+        self.fail_unless(v["order"] in ("m", "n"), f"order {v['order']!r}; use m or n")
+        self.fail_unless(v["group_walk"] in self.WALKS, f"walk {v['group_walk']!r}; use one of {self.WALKS}")
+        self.fail_unless(v["descriptors"] in self.DESCRIPTORS, f"descriptors {v['descriptors']!r}: the kernel "
+                         f"is built for {self.DESCRIPTORS} (per-group tensormap updates are not)")
+
+
+@irdl_op_definition
 class EpilogueOp(IRDLOperation):
     """The epilogue's elementwise ops (moved from gemm.matmul) and the store path (tma | direct),
     which tma-cluster-layout decides."""
@@ -347,7 +381,7 @@ class EpilogueOp(IRDLOperation):
         return cls(parser.parse_region(), store)
 
 
-SINGLETONS = (MmaOp, ClusterOp, PipelineOp, TileSchedulerOp, EpilogueOp)
+SINGLETONS = (MmaOp, ClusterOp, PipelineOp, TileSchedulerOp, GroupOp, EpilogueOp)
 
 
 @irdl_op_definition
@@ -366,9 +400,9 @@ class KernelGemmOp(GemmSignature):
 
     def __init__(self, name: str, a: SSAValue, b: SSAValue, inputs, out_type: TensorType, acc_dtype: str,
                  arch: str, tile, mode: str, threads: int, schedule: ScheduleAttr, body: Region | None = None,
-                 gate: str | None = None):
+                 gate: str | None = None, groups: SSAValue | None = None):
         props = {**self.header_props(arch, tile, mode, threads), "schedule": schedule}
-        super().__init__(name, a, b, inputs, out_type, acc_dtype, body or Region(Block()), props, gate)
+        super().__init__(name, a, b, inputs, out_type, acc_dtype, body or Region(Block()), props, gate, groups)
 
     @staticmethod
     def header_props(arch: str, tile, mode: str, threads: int) -> dict:
@@ -439,11 +473,18 @@ class KernelGemmOp(GemmSignature):
         if pipe is not None and self.arch.data != "sm_80" and (pipe.get("compile_arch") or pipe.get("ring_smem_bytes")):
             raise VerifyException(f"kernel.pipeline: compile_arch and ring_smem are SM80 facts, but the kernel is "
                                   f"{self.arch.data}: drop them")
+        group = self.fact(GroupOp)
+        if group is not None and group.get("layout") != self.group_layout:
+            raise VerifyException(f"kernel.group: layout {group.get('layout')}, but the kernel "
+                                  + (f"is {self.group_layout}" if self.group_layout else "is not grouped")
+                                  + ": rerun map-groups")
         sched = self.fact(TileSchedulerOp)
         if sched is not None and sched.get("pdl") and self.arch.data != "sm_90a":
             raise VerifyException(f"kernel.tile_scheduler: pdl true needs sm_90a (griddepcontrol), but the kernel "
                                   f"is {self.arch.data}: drop `pdl true` (sm_80 kernels launch plain)")
         names = {"a", "b", "out"} | {arg_name(x) for x in self.inputs}
+        if self.groups is not None:
+            names.add(arg_name(self.groups))
         seen = set()
         for copy in self.ops_of(CopyOp):
             operand = copy.get("operand")
@@ -461,7 +502,7 @@ class KernelGemmOp(GemmSignature):
 
     @classmethod
     def parse(cls, parser: Parser) -> "KernelGemmOp":
-        signature, gate = cls.parse_signature(parser)
+        signature, options = cls.parse_signature(parser)
         parser.parse_keyword("arch")
         arch = parse_word(parser, "arch")
         parser.parse_keyword("tile")
@@ -472,8 +513,8 @@ class KernelGemmOp(GemmSignature):
         threads = parser.parse_integer(allow_boolean=False)
         parser.parse_keyword("schedule")
         schedule = parser.parse_attribute()
-        return cls(*signature, arch, tile, mode, threads, schedule, parser.parse_region(), gate)
+        return cls(*signature, arch, tile, mode, threads, schedule, parser.parse_region(), **options)
 
 
 Kernel = Dialect("kernel", [KernelGemmOp, WarpGroupOp, MmaOp, ClusterOp, CopyOp, PipelineOp, TileSchedulerOp,
-                            EpilogueOp], [])
+                            GroupOp, EpilogueOp], [])

@@ -29,6 +29,8 @@ class ProblemInfo:                      # from the gemm-level op (the spec)
     b_major: str                        # "k" | "n"
     name: str = "gemm"
     gate: Optional[str] = None          # a gated GEMM's gate activation: B is [gate; up], 2N x K
+    groups: Optional[Dim] = None        # a grouped GEMM's group count E (B is E x N x K) and layout:
+    group_layout: Optional[str] = None  # "contiguous" (A M x K, E + 1 offsets) | "masked" (A E x M x K, E counts)
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,15 @@ class TileScheduler:                    # lowering of the schedule (pipeline-sta
 
 
 @dataclass(frozen=True)
+class GroupMapping:                     # map-groups (grouped GEMMs only)
+    layout: str                         # "contiguous" | "masked"
+    groups: Dim                         # E
+    order: str                          # "m" | "n": a group's cluster tiles, M or N fastest
+    group_walk: str                     # "warp_scan": how a CTA finds the group of its next work unit
+    descriptors: str                    # "shared": one TMA descriptor per operand, groups in its coordinates
+
+
+@dataclass(frozen=True)
 class Mma:                              # assign-warpgroup-roles
     kind: str                           # "wgmma" | "mma.sync"
     inst_shape: tuple[int, int, int]    # e.g. (64, 256, 16) | (16, 8, 16)
@@ -122,6 +133,7 @@ class KernelPlan:
     # the schedule's swap_ab: tile, cluster and copies are in the kernel's (N, M) terms; the host passes b
     # as the kernel's A, a as its B, and a transposed view of out
     swap_ab: bool = False
+    groups: Optional[GroupMapping] = None   # a grouped GEMM's tile -> group mapping
 
     def copy(self, operand: str) -> OperandCopy:
         for c in self.copies:

@@ -7,12 +7,13 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.passes import ModulePass, PassPipeline
 
 from .assign_warpgroup_roles import AssignWarpgroupRoles
+from .map_groups import MapGroups
 from .pipeline_staging import PipelineStaging
 from .tma_cluster_layout import TmaClusterLayout
 from .verify_resources import VerifyResources
 
 PASSES: dict[str, type[ModulePass]] = {p.name: p for p in (AssignWarpgroupRoles, TmaClusterLayout, PipelineStaging,
-                                                             VerifyResources)}
+                                                             MapGroups, VerifyResources)}
 PIPELINE: tuple[str, ...] = tuple(PASSES)
 
 

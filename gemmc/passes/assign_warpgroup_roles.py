@@ -70,7 +70,7 @@ class AssignWarpgroupRoles(ModulePass):
             body.add_op(EpilogueOp(gemm.detach_region(gemm.epilogue)))
             kernel = KernelGemmOp(gemm.kernel_name.data, gemm.a, gemm.b, list(gemm.inputs), gemm.out.type,
                                   gemm.acc_dtype.data, **header, schedule=ScheduleAttr.from_schedule(s),
-                                  body=Region(body), gate=spec.gate)
+                                  body=Region(body), gate=spec.gate, groups=gemm.groups)
             Rewriter.replace_op(gemm, kernel)
         else:   # rerun on a kernel whose schedule may have been edited: the header follows it too
             kernel = gemm

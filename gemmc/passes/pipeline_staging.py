@@ -47,15 +47,18 @@ def sm80_compile_arch() -> str:
     return arch
 
 
-def tile_scheduler(s: Schedule) -> TileSchedulerOp:
+def tile_scheduler(s: Schedule, spec: GemmSpec | None = None) -> TileSchedulerOp:
     # PDL needs griddepcontrol (sm_90a); on sm_80 the schedule's pdl is ignored and kernels launch plain
     pdl = s.pdl and s.arch == "sm_90a"
     early, full = pdl_bands(s) if pdl else (0, 0)
     persistent = s.arch == "sm_90a"
+    # a grouped GEMM's first tile depends on its offsets or counts, which the previous kernel (the router) may
+    # still be writing: nothing is read before griddepcontrol.wait, so no L2 prefetch
+    grouped = spec is not None and spec.grouped
     return TileSchedulerOp.make(persistent=persistent, raster=s.raster, swizzle=s.swizzle,
                                 split_k=s.split_k, split_k_mode=split_k_mode(s),
                                 pdl=pdl, pdl_early_ctas=early, pdl_full_ctas=full,
-                                **pdl_prefetch(s, pdl),
+                                **pdl_prefetch(s, pdl and not grouped),
                                 max_active_clusters=max_active_clusters(s) if persistent else 0)
 
 
@@ -94,4 +97,4 @@ class PipelineStaging(ModulePass):
         spec, s = layout_schedule(kernel, self.name)
         kernel.drop_facts(PipelineOp, TileSchedulerOp)
         kernel.add_fact(pipeline(s, spec))
-        kernel.add_fact(tile_scheduler(s))
+        kernel.add_fact(tile_scheduler(s, spec))

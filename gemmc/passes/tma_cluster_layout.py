@@ -12,7 +12,11 @@ last (the store too, when the kernel stores with TMA).
 SM80: 16-byte cp.async into swizzled smem; the epilogue stores straight from registers.
 Swapped A and B (schedule swap_ab, SM90): the kernel's A is the problem's b (tile rows bm, multicast
 along n) and its B is a (rows bn, along m); the epilogue stores each element from registers at its
-transposed coordinate, and full epilogue inputs are read the same way (ldg)."""
+transposed coordinate, and full epilogue inputs are read the same way (ldg).
+Grouped GEMMs (SM90): a tile's last rows may belong to the next group (contiguous) or lie past its group's count
+(masked), which must not be written, and a TMA store writes whole boxes: the epilogue stores each element from
+registers (st_global, store direct), predicated on its row being one of the group's. The simplest store that is
+right on every tile; interior tiles could take the TMA store, a later choice of this pass."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -77,7 +81,7 @@ def operand_copies(s: Schedule, spec: GemmSpec) -> list[CopyOp]:
     em, en = epilogue_tile(s) if sm90 else (bm, bn)
     # a sub-tile split between two warpgroups' columns: its swizzle atoms must tile each half
     sw_cols = en // 2 if sm90 and splits_n(s) else en
-    if sm90 and s.swap_ab:
+    if sm90 and stores_from_registers(s, spec):
         copies.append(CopyOp.make(operand="out", kind="st_global", box=(1, 1), swizzle_bytes=0,
                                   vector_bytes=spec.out_dtype.bytes))
     elif sm90:
@@ -99,6 +103,12 @@ def operand_copies(s: Schedule, spec: GemmSpec) -> list[CopyOp]:
     return copies
 
 
+def stores_from_registers(s: Schedule, spec: GemmSpec) -> bool:
+    """The SM90 epilogue stores from registers (each element at its coordinate) rather than through smem and a
+    TMA store: swapped A/B (the output transposed), and grouped GEMMs (each row predicated on its group)."""
+    return s.swap_ab or spec.grouped
+
+
 @dataclass(frozen=True)
 class TmaClusterLayout(ModulePass):
     name = "tma-cluster-layout"
@@ -110,5 +120,5 @@ class TmaClusterLayout(ModulePass):
         kernel.add_fact(ClusterOp.make(shape=s.cluster))
         for copy in operand_copies(s, spec):
             kernel.add_fact(copy)
-        kernel.epilogue_op.properties["store"] = StringAttr("tma" if s.arch == "sm_90a" and not s.swap_ab
-                                                            else "direct")
+        kernel.epilogue_op.properties["store"] = StringAttr("tma" if s.arch == "sm_90a"
+                                                            and not stores_from_registers(s, spec) else "direct")

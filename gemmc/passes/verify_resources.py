@@ -16,12 +16,13 @@ from xdsl.passes import ModulePass
 
 from ..errors import ScheduleError
 from ..ir.build import find_gemm
-from ..ir.kernel import ClusterOp, KernelGemmOp, PipelineOp, WarpGroupOp
+from ..ir.kernel import ClusterOp, CopyOp, GroupOp, KernelGemmOp, PipelineOp, WarpGroupOp
 from ..schedule import (ARCH_LIMITS, BARRIER_RESERVE_BYTES, Schedule, Violation, ab_stage_bytes, accumulator_regs,
                         check_schedule, consumer_reg_overhead, epilogue_smem_bytes, max_stages, register_pool)
 from ..spec import GemmSpec
 from .assign_warpgroup_roles import kernel_header
 from .common import problem_and_schedule
+from .map_groups import group_fact
 from .pipeline_staging import pipeline
 
 
@@ -104,6 +105,24 @@ def fact_violations(kernel: KernelGemmOp, s: Schedule, spec: GemmSpec,
             found.append(Violation("cluster (kernel.cluster)", f"{cm}x{cn}, but the schedule's is "
                                    f"{s.cluster[0]}x{s.cluster[1]}", "write the schedule's cluster, or change "
                                    "the schedule's and rerun tma-cluster-layout"))
+    return found + group_fact_violations(kernel, s, spec)
+
+
+def group_fact_violations(kernel: KernelGemmOp, s: Schedule, spec: GemmSpec) -> list[Violation]:
+    """A grouped kernel's mapping (kernel.group) as map-groups writes it for the schedule, and its store from
+    registers: a TMA store would write past a group's last row."""
+    found = []
+    fact, want = kernel.fact(GroupOp), group_fact(s, spec)
+    if fact is not None and want is not None and fact.values() != want.values():
+        diff = [k for k, v in fact.values().items() if v != want.get(k)]
+        found.append(Violation("group mapping (kernel.group)", ", ".join(f"{k} {fact.get(k)}" for k in diff),
+                               "map-groups writes " + ", ".join(f"{k} {want.get(k)}" for k in diff)
+                               + " for the schedule and problem: write that, or rerun map-groups"))
+    out = next((c for c in kernel.ops_of(CopyOp) if c.get("operand") == "out"), None)
+    if spec.grouped and out is not None and out.get("kind") != "st_global":
+        found.append(Violation("grouped store (kernel.copy out)", out.get("kind"), "a grouped tile's rows past its "
+                               "group must not be written: use st_global (from registers, row-predicated), or "
+                               "rerun tma-cluster-layout"))
     return found
 
 

@@ -10,7 +10,7 @@
 No module here imports `cutlass`: they run on GPU hosts that have only the runtime libraries
 (tests/test_runtime.py checks it). The names below are the package's API; gemmc calls them through here.
 """
-from .checks import is_batched, python_prologue  # noqa: F401
+from .checks import check_groups, is_batched, python_prologue  # noqa: F401
 from .gpu import check_persistent_grid, visible_arch  # noqa: F401
 from .launcher import Launcher, launcher_from_artifact, param_from_dict  # noqa: F401
 from .load import (DamagedKernelError, KernelLoadError, cute_runtime_library_candidates,  # noqa: F401

@@ -6,7 +6,7 @@ import operator
 from typing import Callable, Sequence
 
 from ..alignment import ALIGN_BYTES as _ALIGN_BYTES, alignment_elems
-from ..backends import Param
+from ..backends import GROUP_ROLES, Param
 from ..errors import LaunchError
 from ..types import DType
 
@@ -24,7 +24,7 @@ def is_batched(params: Sequence[Param]) -> bool:
 class TensorCheck:
     """Everything needed to check one tensor argument, computed once."""
     __slots__ = ("name", "index", "torch_dtype", "dtype", "rank", "contig", "static", "named",
-                 "align_elems", "shape_text", "sym_dims", "vector", "is_out")
+                 "align_elems", "shape_text", "sym_dims", "vector", "is_out", "ptr_align")
 
     def __init__(self, p: Param, index: int, batched: bool = False):
         import torch
@@ -32,8 +32,8 @@ class TensorCheck:
         self.index = index
         self.is_out = p.role == "out"
         self.dtype = p.dtype
-        self.torch_dtype = {DType.bf16: torch.bfloat16, DType.f16: torch.float16,
-                            DType.f32: torch.float32}.get(p.dtype)
+        self.torch_dtype = {DType.bf16: torch.bfloat16, DType.f16: torch.float16, DType.f32: torch.float32,
+                            DType.i32: torch.int32}.get(p.dtype)
         if self.torch_dtype is None:
             raise LaunchError(f"{p.name}: dtype {p.dtype} has no runtime support yet")
         self.rank = len(p.shape)
@@ -46,6 +46,9 @@ class TensorCheck:
         # epilogue vectors ((N,), (M,); (L, N), (L, M) in a batched kernel, whatever its batch dim) are read
         # element-wise: their length need not be a multiple of 16 bytes
         self.vector = p.role == "input" and (self.rank == 1 or (batched and self.rank == 2))
+        # a grouped GEMM's offsets or counts are read an int32 at a time: any length, any 4-byte aligned view
+        self.ptr_align = 4 if p.role in GROUP_ROLES else _ALIGN_BYTES
+        self.vector = self.vector or p.role in GROUP_ROLES
 
 
 def python_prologue(params: Sequence[Param], device_type: str = "cuda") -> Callable:
@@ -101,7 +104,7 @@ def python_prologue(params: Sequence[Param], device_type: str = "cuda") -> Calla
                                          "arguments")
             stride = t.stride()
             k, a = c.contig, c.align_elems
-            if (stride[k] != 1 and shape[k] != 1) or (loose_extent and shape[k] % a) or t.data_ptr() % _ALIGN_BYTES:
+            if (stride[k] != 1 and shape[k] != 1) or (loose_extent and shape[k] % a) or t.data_ptr() % c.ptr_align:
                 raise ValueError(f"argument #{c.index} ({c.name}): strides {stride} or data pointer not aligned")
             for d in strided:
                 if stride[d] % a:
@@ -109,3 +112,24 @@ def python_prologue(params: Sequence[Param], device_type: str = "cuda") -> Calla
                                      f"{_ALIGN_BYTES}-byte aligned")
 
     return prologue
+
+
+def check_groups(groups, rows: int, layout: str, name: str = "offsets") -> None:
+    """The debug check of a grouped GEMM's offsets (contiguous: E + 1 of them, sorted, from 0 .. M) or counts
+    (masked: each 0 .. M), which the kernel reads on the device and clamps into [0, M] without a word. It copies
+    them to the host, so it synchronises: Launchers run it when they validate every call (GEMMC_VALIDATE=1)."""
+    values = [int(v) for v in groups.detach().cpu().tolist()]
+    if layout == "masked":
+        bad = next((g for g, v in enumerate(values) if not 0 <= v <= rows), None)
+        if bad is not None:
+            raise LaunchError(f"{name}[{bad}] = {values[bad]} rows: a masked group holds 0 to M = {rows} rows "
+                              f"(the extent of A's dim 1); fix the counts")
+        return
+    if values and not 0 <= values[0] <= rows:
+        raise LaunchError(f"{name}[0] = {values[0]}: the first group's first row must be in 0 .. M = {rows}")
+    bad = next((g for g in range(1, len(values)) if not values[g - 1] <= values[g] <= rows), None)
+    if bad is not None:
+        why = "before the previous offset (unsorted)" if values[bad] < values[bad - 1] else f"past M = {rows}"
+        raise LaunchError(f"{name}[{bad}] = {values[bad]} is {why}: the offsets are E + 1 sorted row indices "
+                          "from 0 to M, group g owning rows offsets[g] .. offsets[g + 1] - 1 (sort the rows by "
+                          "group, e.g. torch.cumsum of the per-group counts)")

@@ -17,10 +17,10 @@ from dataclasses import replace
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from ..alignment import ALIGN_BYTES as _ALIGN_BYTES
-from ..backends import Param
+from ..backends import GROUP_ROLES, Param
 from ..errors import LaunchError
 from ..types import DType
-from .checks import TensorCheck, is_batched, unit_dims
+from .checks import TensorCheck, check_groups, is_batched, unit_dims
 from .gpu import check_persistent_grid
 from .load import DamagedKernelError, load_function
 from .scratch import SEMAPHORES, WORKSPACES
@@ -56,6 +56,9 @@ class Launcher:
     K = 0, `zero_k(a, b, inputs, out)` writes the epilogue of a zero accumulator (a LaunchError without it).
     `strided=True` (with `always_validate`, for a torch function rather than a kernel) checks no strides or
     alignment.
+    A grouped GEMM's kernel takes its offsets (E + 1 of them: checked against B's E on every call) or counts
+    after B; output rows outside every group are not written. Validating every call also reads them back
+    (check_groups: sorted and in range), which synchronises.
     """
 
     def __init__(self, params: Sequence[Param], *, function: Optional[Callable] = None,
@@ -103,6 +106,13 @@ class Launcher:
         self._out_check = TensorCheck(self.params[self._out_index], self._out_index, batched)
         self._scalars = tuple(i for i, p in enumerate(self.params) if p.kind == "scalar")
         self._operands = tuple(i for i, p in enumerate(self.params) if p.kind == "tensor" and p.role in ("a", "b"))
+        self._groups = next((i for i, p in enumerate(self.params) if p.role in GROUP_ROLES), None)
+        # contiguous groups: (call position of the offsets, of B), whose lengths E + 1 and E the prologue cannot
+        # relate (the offsets' length is a dim of its own when E is symbolic)
+        self._offsets_of_b = None
+        if self._groups is not None and self.params[self._groups].role == "group_offsets":
+            b = next(i for i, p in enumerate(self.params) if p.role == "b")
+            self._offsets_of_b = (self._user.index(self._groups), self._user.index(b))
         self._epilogue_inputs = tuple(i for i, p in enumerate(self.params) if p.role in ("input", "scalar"))
         self._workspaces = tuple(
             (i, compile(p.workspace_elems or "0", f"<{p.name}.workspace_elems>", "eval"))
@@ -160,7 +170,7 @@ class Launcher:
         output. None for any other kernel (the general fast path in __call__ takes it)."""
         c = self._out_check
         if (self._unit_dims or self._out_unit_dims or self._limit_dims or self._workspaces or self._reshapes
-                or c.contig != c.rank - 1 or len(self.params) != self._n_user + 1):
+                or c.contig != c.rank - 1 or len(self.params) != self._n_user + 1 or self._offsets_of_b):
             return None
         position = {i: j for j, i in enumerate(self._user)}
         position[self._out_index] = self._n_user
@@ -273,8 +283,8 @@ class Launcher:
                                   f"to a multiple of {a} or "
                                   + remedy(f"{c.name}.contiguous() if it is already a multiple of {a}",
                                            f"contiguous if it is already a multiple of {a}"))
-        if t.data_ptr() % _ALIGN_BYTES:
-            raise LaunchError(f"{c.name}.data_ptr() is not {_ALIGN_BYTES}-byte aligned (a view at an odd "
+        if t.data_ptr() % c.ptr_align:
+            raise LaunchError(f"{c.name}.data_ptr() is not {c.ptr_align}-byte aligned (a view at an odd "
                               f"offset?): " + remedy(f"{c.name}.clone()", "as a tensor of its own (torch.empty)"))
         return device
 
@@ -303,6 +313,12 @@ class Launcher:
             if missing:
                 raise LaunchError(f"{self.name}: cannot size the output: dims {missing} appear only in "
                                   f"{self._out_check.name}; pass out=")
+        if self._offsets_of_b is not None:
+            self._check_offsets_length(args)
+        if self._groups is not None and self.always_validate:
+            p, a = self.params[self._groups], values[self._operands[0]]
+            check_groups(values[self._groups], a.shape[-2], "contiguous" if p.role == "group_offsets" else "masked",
+                         p.name)
         for d, most, where_d in self._limit_dims:
             if sizes.get(d, 0) > most:
                 raise LaunchError(f"{self.name}: {where_d} ({d}) = {sizes[d]} is more than the {most} blocks this "
@@ -310,6 +326,19 @@ class Launcher:
                                   f"chunks of {most}), or use an SM90 schedule without serial split-K (its grid is "
                                   "persistent)")
         return values, sizes, device
+
+    def _offsets_fit(self, args: tuple) -> bool:
+        j, b = self._offsets_of_b
+        return args[j].shape[0] == args[b].shape[0] + 1
+
+    def _check_offsets_length(self, args: tuple) -> None:
+        if not self._offsets_fit(args):
+            j, b = self._offsets_of_b
+            names = self.signature.names
+            e = args[b].shape[0]
+            raise LaunchError(f"{names[j]} has {args[j].shape[0]} entries but {names[b]} holds E = {e} groups' "
+                              f"weights: pass E + 1 = {e + 1} row offsets (group g owns rows {names[j]}[g] .. "
+                              f"{names[j]}[g + 1] - 1)")
 
     # -- allocation --
     def _allocate_out(self, sizes: dict, device):
@@ -407,7 +436,8 @@ class Launcher:
                 sizes = {name: args[j].shape[d] for name, j, d in self._dim_sources}
                 # an empty problem, or one past a grid limit, takes the checked path
                 prepared = 0 not in sizes.values() and not (
-                    self._limit_dims and any(sizes.get(d, 0) > most for d, most, _ in self._limit_dims))
+                    self._limit_dims and any(sizes.get(d, 0) > most for d, most, _ in self._limit_dims)) and (
+                    self._offsets_of_b is None or self._offsets_fit(args))
                 device = args[self._first_tensor].device
                 values = self._template.copy()
                 for j, i in enumerate(self._user):
@@ -441,6 +471,12 @@ class Launcher:
         would stop the process (SIGFPE), and a TMA descriptor cannot describe an empty dim."""
         if out.numel() == 0:
             return out
+        if self._groups is not None:
+            b = next(values[i] for i in self._operands if self.params[i].role == "b")
+            if b.shape[0] == 0:         # no groups: no row is any group's, and none is written
+                return out
+            raise LaunchError(f"{self.name}: K = 0 (empty A and B): a grouped kernel does not run an empty "
+                              "product; compile for a K of at least 1")
         if self._zero_k is None:
             raise LaunchError(f"{self.name}: K = 0 (empty A and B) and this launcher has no spec to evaluate the "
                               "epilogue of a zero accumulator; call it through gemmc.compile(...) or skip K = 0")

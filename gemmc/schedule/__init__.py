@@ -17,8 +17,8 @@ from .limits import (ARCH_LIMITS, ArchLimits, BARRIER_RESERVE_BYTES, CONSUMER_RE
                      EPI_TILE_N, GRID_YZ_MAX, INT32_MAX, L2_POLICIES, L2_PREFETCH_MAX, MODES, PDL_PREFETCH_K_TILES,
                      pdl_trigger_bands, PRODUCER_REGS, PRODUCER_REGS_MIN, RASTERS, SM80_COMPILE_ARCHS, SM80_MAX_REGS,
                      SM80_REG_OVERHEAD, SPLITK_REDUCE_COLUMNS, SWIZZLES)
-from .predicate import (alignment_violations, check_schedule, gate_violations, is_valid,  # noqa: F401
-                        l2_violations, launch_violations, require_valid)
+from .predicate import (alignment_violations, check_schedule, gate_violations, group_violations,  # noqa: F401
+                        is_valid, l2_violations, launch_violations, require_valid)
 from .resources import (ab_stage_bytes, accumulator_regs, consumer_reg_overhead, consumer_regs_needed,  # noqa: F401
                         consumer_warpgroups, epilogue_smem_bytes, epilogue_tile, FIXUP_MAX_SPLITS, kernel_grid,
                         max_stages, register_budgets, register_pool, resolve_stages, sm80_ring_smem_bytes, sm80_warps,

@@ -139,6 +139,8 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
 
     if spec.gate is not None:
         v += gate_violations(s)
+    if spec.grouped:
+        v += group_violations(s)
 
     # registers
     acc, other = accumulator_regs(s, spec), consumer_reg_overhead(s, spec)
@@ -231,12 +233,39 @@ def gate_violations(s: Schedule) -> list[Violation]:
     return v
 
 
+def group_violations(s: Schedule) -> list[Violation]:
+    """A grouped GEMM's kernel: persistent SM90 work units of whole cluster tiles of one group, numbered group
+    after group, each stored from registers with its rows predicated (map-groups, tma-cluster-layout)."""
+    if s.arch != "sm_90a":
+        return [Violation("grouped GEMM (sm_80)", s.arch, "grouped GEMMs are built for sm_90a only: compile for "
+                          "sm_90a, or loop over the groups with plain GEMMs")]
+    plain = {"swap_ab": False, "split_k": 1, "stream_k": False, "swizzle": 1}     # what a grouped schedule takes
+    got = [k for k, want in plain.items() if getattr(s, k) != want]
+    v = [Violation("grouped GEMM", ", ".join(f"{k}={getattr(s, k)!r}" for k in got), "its work units are whole "
+                   "tiles of one group, in the raster's order inside the group, which swapped A/B, split-K, "
+                   "stream-K and a swizzle do not keep: use " + " and ".join(f"{k}={plain[k]!r}" for k in got))
+         ] if got else []
+    if is_sizes(s.tile, 3) and s.mode == "cooperative" and s.tile[0] == 192:
+        v.append(Violation("grouped GEMM tile M", 192, "a 192-row tile splits its columns between the consumer "
+                           "warpgroups, which the row-predicated store is not built for: use a 128- or 256-row "
+                           "tile"))
+    # the L2 fields it would not apply: its first tile waits on the offsets, and it has no TMA store
+    if s.l2_prefetch not in ("auto", 0):
+        v.append(Violation("grouped GEMM l2_prefetch", s.l2_prefetch, "a grouped kernel's first tile depends on its "
+                           "offsets or counts, which the previous kernel may still be writing: nothing is prefetched "
+                           "before the PDL wait; use l2_prefetch='auto'"))
+    if s.l2_out != "auto":
+        v.append(Violation("grouped GEMM l2_out", s.l2_out, "a grouped kernel stores each tile from registers, with "
+                           "no TMA store to hint: use l2_out='auto'"))
+    return v
+
+
 def launch_violations(s: Schedule, spec: GemmSpec) -> list[Violation]:
     """The launch grids and 32-bit sizes of `s` on `spec`'s static dims that pass their limits (symbolic dims
     are the runtime's to check, per call)."""
     v: list[Violation] = []
     add = lambda limit, value, fix: v.append(Violation(limit, value, fix))  # noqa: E731
-    for name, d in (("M", spec.m), ("N", spec.n), ("K", spec.k), ("batch", spec.batch)):
+    for name, d in (("M", spec.m), ("N", spec.n), ("K", spec.k), ("batch", spec.batch), ("groups", spec.groups)):
         if isinstance(d, int) and d > INT32_MAX:
             add(f"problem size {name} (32-bit)", d, f"at most {INT32_MAX}: split the problem across calls")
     if v:

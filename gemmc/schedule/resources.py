@@ -50,8 +50,9 @@ def consumer_reg_overhead(s: Schedule, spec: GemmSpec) -> int:
     if s.arch != "sm_90a":
         return SM80_REG_OVERHEAD
     mode = split_k_mode(s)
-    # under "serial" the reduce kernel runs the epilogue; a gated kernel's gate function is one
-    dag = (bool(spec.epilogue) and mode != "serial") or spec.gate is not None
+    # under "serial" the reduce kernel runs the epilogue; a gated kernel's gate function is one, and so is a
+    # grouped kernel's walk over the groups with its row-predicated store
+    dag = (bool(spec.epilogue) and mode != "serial") or spec.gate is not None or spec.grouped
     if dag and mode == "fixup":         # stream-K's sums measured lighter: 256x160 with bias + GELU fits 232
         return (CONSUMER_REG_OVERHEAD_EPILOGUE_SUMS_PINGPONG if s.mode == "pingpong"
                 else CONSUMER_REG_OVERHEAD_EPILOGUE_SUMS)

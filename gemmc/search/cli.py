@@ -110,7 +110,8 @@ def _parser() -> argparse.ArgumentParser:
                                    "paired speedup (geometric mean over a schedule's measurements, the median "
                                    "one from three on). A killed run resumes from the database.")
     src = t.add_mutually_exclusive_group(required=True)
-    src.add_argument("--suite", help="a bench suite: square, llm, cuda-l2")
+    src.add_argument("--suite", help="a bench suite: square, llm, cuda-l2, or moe (grouped GEMMs of the "
+                     "mixture-of-experts models at each rows-per-expert bucket, against torch._grouped_mm)")
     src.add_argument("--shapes", help="a file of 'M N K' lines")
     t.add_argument("--sample", type=_at_least(1, "shapes"), metavar="N",
                    help="a seeded sample of N of the suite's shapes")

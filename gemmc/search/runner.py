@@ -93,6 +93,8 @@ class Runner:
     def _measure_gpu(self, spec: GemmSpec, schedule: Schedule, arch: str, kernel_spec: GemmSpec) -> Measurement:
         import gemmc
         from ..bench.timing import CudaClock, TimingConfig, bench_shape, spin_up
+        if spec.grouped:
+            return self._measure_grouped(spec, schedule, arch, kernel_spec)
         if spec.has_epilogue or spec.a_layout != "mk" or spec.b_layout != "nk" or spec.batch is not None:
             raise NotImplementedError("the GPU Runner measures plain A[M,K] @ B[N,K].T GEMMs (the bench's "
                                       "timing rules); epilogue problems need their own reference")
@@ -130,3 +132,37 @@ class Runner:
         gemmc_us = rec["gemmc_us"]["median"]
         return Measurement(schedule, gemmc_us, None, cublas_us=gemmc_us * rec["ratio"],
                            timing=SUSTAINED if rec.get("sustained") else None)
+
+    def _measure_grouped(self, spec: GemmSpec, schedule: Schedule, arch: str, kernel_spec: GemmSpec) -> Measurement:
+        """A grouped problem (the moe suite): every group holds the problem's rows per group
+        (gemmc.bench.grouped_timing.measure_grouped: the check, then gemmc and torch._grouped_mm interleaved in
+        CUDA graphs); torch._grouped_mm's time is stored as the row's baseline (cublas_us)."""
+        import gemmc
+        from ..bench.grouped_timing import measure_grouped
+        from ..bench.timing import spin_up
+        from ..choose.group_keys import rows_per_group
+        where = f"{schedule.short()} on {spec.name} ({spec.m} rows over {spec.groups} groups)"
+        fault = self._gpu_fault()
+        if fault is not None:
+            raise GpuLostError(f"the GPU was unusable before measuring {where} ({fault}); nothing more can be "
+                               f"measured in this process, and {schedule.short()} was not stored: {_RESUME}")
+        try:
+            kernel = gemmc.compile(kernel_spec, schedule=schedule, arch=arch)
+            if self._busy_until is None or time.perf_counter() - self._busy_until > RESPIN_AFTER_IDLE_S:
+                spin_up(device=self.device)
+            rec = measure_grouped(spec, kernel, rows_per_group(spec))
+        except Exception as e:
+            error = f"run: {type(e).__name__}: {e}"[:2000]
+            fault = self._gpu_fault()
+            if fault is not None:
+                raise GpuLostError(
+                    f"measuring {where} left the GPU unusable ({fault}); {schedule.short()} is stored as failed "
+                    f"and nothing after it was measured: {_RESUME}",
+                    Measurement(schedule, None, f"{error} [it left the GPU unusable: {fault}]"[:2000])) from e
+            return Measurement(schedule, None, error)
+        finally:
+            self._busy_until = time.perf_counter()
+        if not rec["ok"]:
+            return Measurement(schedule, None, f"{CHECK_FAILED}{rec['of_bound']:.3g} of the elementwise bound "
+                               "against each group's fp32 reference (NaN: a row of no group written)")
+        return Measurement(schedule, rec["gemmc_us"], None, cublas_us=rec["grouped_mm_us"])

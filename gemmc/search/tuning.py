@@ -49,7 +49,8 @@ def tune(shapes, *, dtype: str, arch: str, strategy: str, budget: int, batch: in
                dynamic_ncols=True, disable=not progress)
     summary = []
     for sh in shapes:
-        spec = GemmSpec(sh.m, sh.n, sh.k, dtype=dtype)
+        # a grouped problem (the moe suite's GroupedShape) is keyed by its rows per group (choose/group_keys.py)
+        spec = sh.spec(dtype) if hasattr(sh, "spec") else GemmSpec(sh.m, sh.n, sh.k, dtype=dtype)
         problem = SearchProblem.of(spec, arch)
         # one per schedule: confirm rows add none
         stored = db.prior(spec, arch, gpu_name, version=__version__ if fresh else None)
@@ -64,7 +65,9 @@ def tune(shapes, *, dtype: str, arch: str, strategy: str, budget: int, batch: in
         bar.update(min(len(prior), budget))
         bar.set_postfix_str(str(sh))
 
-        kspec = spec.with_dims(m="M", n="N", k="K") if symbolic else spec
+        kspec = spec
+        if symbolic:    # a grouped kernel keeps N and K (a gate needs a static N), and serves every group count
+            kspec = spec.with_dims(m="M", groups="E") if spec.grouped else spec.with_dims(m="M", n="N", k="K")
 
         def evaluate(schedules, label=strategy, spec=spec, kspec=kspec, profile=True):
             out = _build_and_measure(schedules, spec, kspec, arch, builder, runner, db, gpu_name, label, bar)

@@ -4,6 +4,7 @@
     y = gto.linear(x, weight, bias, activation="gelu")    # == F.gelu(F.linear(x, weight, bias)), one kernel
     c = gto.gemm(a, b, a_layout="km", b_layout="kn")       # a.T @ b, in gemmc's storage layouts
     h = gto.gated_linear(x, w_gate_up, gate="silu")        # SwiGLU: silu(x @ w[:N].T) * (x @ w[N:].T), one kernel
+    y = gto.grouped_gemm(x, w_experts, offsets)            # every expert's rows through its weight, one launch
     gto.unsupported_reason(weight, bias, "gelu")           # None, or why gemmc cannot run this Linear
     gto.prepare_linear(n, k, torch.bfloat16, True, "gelu", [1, 16], training=True)   # before a graph capture
 
@@ -23,10 +24,12 @@ tests/test_gpu_torch_ops.py (gemmc kernels) check it.
 from .activations import ACTIVATIONS, GATES
 from .checks import gated_unsupported_reason, unsupported_reason
 from .functional import gated_linear, gemm, linear
+from .grouped import GROUPED_GATES, grouped_gemm, grouped_kernel
 from .kernels import gated_kernel, gemm_kernel, linear_kernel, prepare_gated, prepare_linear
 from . import autograd as _autograd
 
 _autograd.register()
 
-__all__ = ["ACTIVATIONS", "GATES", "gated_kernel", "gated_linear", "gated_unsupported_reason", "gemm", "gemm_kernel",
-           "linear", "linear_kernel", "prepare_gated", "prepare_linear", "unsupported_reason"]
+__all__ = ["ACTIVATIONS", "GATES", "GROUPED_GATES", "gated_kernel", "gated_linear", "gated_unsupported_reason", "gemm",
+           "gemm_kernel", "grouped_gemm", "grouped_kernel", "linear", "linear_kernel", "prepare_gated",
+           "prepare_linear", "unsupported_reason"]

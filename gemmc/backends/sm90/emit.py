@@ -18,7 +18,7 @@ from ...errors import BuildError
 from ...ir.plan import KernelPlan
 from ...spec import EpilogueOp, Ref
 from ...types import DType
-from .. import GRID_YZ_MAX, EmittedKernel, Param
+from .. import GRID_YZ_MAX, GROUP_ROLES, EmittedKernel, Param, group_param
 from ..common import (check_input_names, dsl_type, epilogue_math_lines, input_kernel_args, input_value_expr,
                       private_inputs, rebind_inputs, splitk_reduce)
 from .kernel import MODULES, source_digest
@@ -48,10 +48,20 @@ def _check(plan: KernelPlan) -> None:
         c = plan.copy(op)
         if c.kind != "tma":
             raise BuildError(f"SM90 operand {op} copy kind {c.kind!r}; expected 'tma'")
-    want_c = "st_global" if plan.swap_ab else "tma_store"
+    if (plan.groups is not None) != (p.group_layout is not None):
+        raise BuildError("a grouped problem's plan needs its kernel.group fact (run map-groups), and only a grouped "
+                         f"problem has one (problem groups {p.groups!r}, plan groups {plan.groups})")
+    want_c = "st_global" if plan.swap_ab or plan.groups is not None else "tma_store"
     if plan.copy("out").kind != want_c:
         raise BuildError(f"SM90 store copy kind {plan.copy('out').kind!r}; expected {want_c!r} "
-                         f"(swap_ab={plan.swap_ab})")
+                         f"(swap_ab={plan.swap_ab}, grouped={plan.groups is not None})")
+    if plan.groups is not None and (plan.swap_ab or plan.scheduler.split_k_mode != "none"
+                                    or plan.scheduler.swizzle != 1 or plan.mma.atom_layout[1] != 1
+                                    or plan.groups.layout != p.group_layout):
+        raise BuildError("a grouped SM90 plan takes whole tiles of one group, its warpgroups along M: it needs "
+                         f"swap_ab off, no split-K or stream-K, swizzle 1 and its problem's layout (got swap_ab="
+                         f"{plan.swap_ab}, split_k_mode {plan.scheduler.split_k_mode!r}, swizzle "
+                         f"{plan.scheduler.swizzle}, MMA atoms {plan.mma.atom_layout}, layout {plan.groups.layout!r})")
     if plan.swap_ab and plan.scheduler.split_k_mode == "serial":
         raise BuildError("a swapped (swap_ab) SM90 plan sums its split-K partials in the kernel: use "
                          "split_k_mode fixup (Schedule picks it for every swapped split)")
@@ -74,16 +84,20 @@ def _check(plan: KernelPlan) -> None:
 def params_of(plan: KernelPlan) -> tuple[Param, ...]:
     """The compiled function's arguments, in order (the stream follows them)."""
     p = plan.problem
-    lead = (p.batch,) if p.batch is not None else ()
+    lead = b_lead = (p.batch,) if p.batch is not None else ()
+    if p.group_layout is not None:      # one weight per group; A and the output E x M x . only when masked
+        b_lead, lead = (p.groups,), ((p.groups,) if p.group_layout == "masked" else ())
     a_shape = (p.m, p.k) if p.a_major == "k" else (p.k, p.m)
     b_rows = 2 * p.n if p.gate is not None else p.n     # gated: B is [gate; up]
     b_shape = (b_rows, p.k) if p.b_major == "k" else (p.k, p.n)
     out = [Param("a", "tensor", p.a_dtype, lead + a_shape, role="a"),
-           Param("b", "tensor", p.b_dtype, lead + b_shape, role="b"),
-           # the serial split-K reduce kernel's grid y extent is the batch (the persistent grid has no such limit)
-           Param("out", "tensor", p.out_dtype, lead + (p.m, p.n), role="out",
-                 limits=((0, GRID_YZ_MAX),) if lead and plan.scheduler.split_k > 1
-                 and plan.scheduler.split_k_mode == "serial" else ())]
+           Param("b", "tensor", p.b_dtype, b_lead + b_shape, role="b")]
+    if p.group_layout is not None:
+        out.append(group_param(p.group_layout, p.groups))
+    # the serial split-K reduce kernel's grid y extent is the batch (the persistent grid has no such limit)
+    out.append(Param("out", "tensor", p.out_dtype, lead + (p.m, p.n), role="out",
+                     limits=((0, GRID_YZ_MAX),) if lead and plan.scheduler.split_k > 1
+                     and plan.scheduler.split_k_mode == "serial" else ()))
     for inp in plan.epilogue.inputs:
         if inp.kind == "scalar":
             out.append(Param(inp.name, "scalar", DType.f32, (), role="scalar"))
@@ -179,7 +193,7 @@ def emit(plan: KernelPlan) -> EmittedKernel:
 
 def _header(plan: KernelPlan) -> str:
     producer, stages = plan.role("producer")[0].index, plan.pipeline.stages
-    store = "from registers" if plan.swap_ab else "through smem with TMA"
+    store = "from registers" if plan.copy("out").kind == "st_global" else "through smem with TMA"
     return f'''"""gemmc SM90 kernel `{plan.problem.name}` (generated from its KernelPlan; regenerate rather than edit).
 
 Persistent, warp-specialized: warpgroup {producer} loads A/B with TMA into a {stages}-stage smem ring,
@@ -201,7 +215,7 @@ def _facts(plan: KernelPlan, inputs, staged, reduce_kernel: bool) -> str:
     ca, cb = (plan.copy("b"), plan.copy("a")) if swap else (plan.copy("a"), plan.copy("b"))
     cc = plan.copy("out")
     prod, cons = plan.role("producer")[0], plan.role("consumer")
-    sched, pipe, mma = plan.scheduler, plan.pipeline, plan.mma
+    sched, pipe, mma, groups = plan.scheduler, plan.pipeline, plan.mma, plan.groups
     store_dtype = DType.f32 if reduce_kernel else p.out_dtype
     major = {"k": "K"}
     rows = [
@@ -260,6 +274,13 @@ def _facts(plan: KernelPlan, inputs, staged, reduce_kernel: bool) -> str:
         ("SWAP_AB", swap, "schedule swap_ab: the kernel's A is b, its B is a; out is stored transposed"),
         ("BATCHED", p.batch is not None, "problem: a batch dim L"),
         ("GATED", p.gate is not None, "problem: gate = " + repr(p.gate) + " (B is [gate; up]: two accumulators)"),
+        ("GROUPED", groups is not None, "map-groups: " + (f"{groups.groups} groups, {groups.layout}, walk "
+                                                          f"{groups.group_walk}, descriptors {groups.descriptors}"
+                                                          if groups is not None else "not grouped")),
+        ("GROUP_MASKED", groups is not None and groups.layout == "masked",
+         "map-groups: A and out are E x M x . (masked groups)"),
+        ("GROUP_ORDER_M", groups is None or groups.order == "m", "map-groups: a group's cluster tiles M fastest"),
+        ("STORE_FROM_REGISTERS", cc.kind == "st_global", f"tma-cluster-layout: the output copy is {cc.kind}"),
     ]
     lines = ["# ---- kernel-IR facts (KernelPlan); the kernel modules read only these ----------------------"]
     lines += [_constant(name, value, why) for name, value, why in rows]
@@ -326,9 +347,10 @@ def _entry(plan: KernelPlan, params, inputs, entry: str) -> str:
                              for q in params] + ["stream"])
     names = {q.name for q in params}
     ka, kb = ("b", "a") if plan.swap_ab else ("a", "b")
+    groups = next((q.name for q in params if q.role in GROUP_ROLES), "None")
     args = [ka, kb, "out", "(" + "".join(f"{i.name}, " for i in inputs) + ")",
             "workspace" if "workspace" in names else "None", "semaphores" if "semaphores" in names else "None",
-            "stream"]
+            groups, "stream"]
     lines = [f"@cute.jit", f"def {entry}({host_params}):"]
     lines += ["    " + ln for ln in rebind_inputs(plan.epilogue.inputs, inputs)]
     if plan.swap_ab:

@@ -7,6 +7,7 @@ epilogue_dag, reduce_partials)` and calls it from its @cute.jit entry.
     facts.py      KernelFacts, EpilogueInput: what the kernel modules read (through cutlass.const_expr)
     gemm.py       Sm90Gemm: host side (views, TMA atoms, shared storage, launch) and the kernel's prologue
     scheduler.py  static persistent scheduler (raster, swizzle, split-K decode) and stream-K
+    groups.py     grouped GEMMs: work units -> (group, tile) from the offsets or counts, on the device
     producer.py   TMA (multicast) loads into the smem ring; PDL prefetch and launch trigger
     consumer.py   WGMMA main loop, cooperative or ping-pong
     fixup.py      in-kernel sums of split tiles' partials (split-K fix-up, stream-K)
@@ -20,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-MODULES = ("facts", "gemm", "scheduler", "producer", "consumer", "fixup", "epilogue")
+MODULES = ("facts", "gemm", "scheduler", "groups", "producer", "consumer", "fixup", "epilogue")
 _DIR = Path(__file__).resolve().parent
 
 

@@ -43,12 +43,18 @@ class Consumer:
     @cute.jit
     def skip_stages(self, unit, walk, read_state, release_state):
         """Ping-pong: step both stage counters past the k-tiles of work unit `unit` (the other warpgroup's)."""
-        work_units, fast_clusters, slow_clusters = walk.sched
-        if unit < work_units:
-            for _ in range(self.k_tiles_of(self.work_tile(unit, fast_clusters, slow_clusters)[2], walk.k_tile_total,
-                                           walk.num_l)):
-                read_state.advance()
-                release_state.advance()
+        if cutlass.const_expr(self.GROUPED):     # every grouped unit is a whole tile
+            if unit < walk.limit:
+                for _ in range(walk.k_tile_total):
+                    read_state.advance()
+                    release_state.advance()
+        else:
+            work_units, fast_clusters, slow_clusters = walk.sched
+            if unit < work_units:
+                for _ in range(self.k_tiles_of(self.work_tile(unit, fast_clusters, slow_clusters)[2],
+                                               walk.k_tile_total, walk.num_l)):
+                    read_state.advance()
+                    release_state.advance()
         return read_state, release_state
 
     @cute.jit

@@ -6,10 +6,11 @@ from global memory (copy "ldg": row and column vectors, and full inputs) are rea
 element's coordinate; full inputs whose plan copy is "tma" are TMA-loaded into shared memory per epilogue
 sub-tile and read at the element's place (lm, ln) inside it.
 
-The store: registers -> smem (stmatrix) -> TMA store (with C_L2_POLICY's cache hint, if any), in EPI_TILE sub-tiles
-through EPI_STAGES buffers; or,
-with swapped A and B, each element from registers straight to global memory at its coordinate in the
-transposed view of out (stmatrix needs an MMA N of at least 16; the kernel's rows are out's columns).
+The store: registers -> smem (stmatrix) -> TMA store (with C_L2_POLICY's cache hint, if any), in EPI_TILE
+sub-tiles through EPI_STAGES buffers; or
+(STORE_FROM_REGISTERS) each element from registers straight to global memory at its coordinate: with swapped A
+and B in the transposed view of out (stmatrix needs an MMA N of at least 16; the kernel's rows are out's
+columns); grouped, at its group's row, and only the group's rows (a TMA store would write the next group's).
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class Epilogue:
     """Epilogue methods of Sm90Gemm (facts on self; the DAG on self.epilogue_dag)."""
 
     def store_setup(self, tiled_mma, accumulators, sC, consumer_tidx):
-        if cutlass.const_expr(self.SWAP_AB):
+        if cutlass.const_expr(self.STORE_FROM_REGISTERS):
             return None
         r2s_atom = sm90_utils.get_smem_store_op(cutlass.tensor_utils.LayoutEnum.ROW_MAJOR, self.STORE_DTYPE,
                                                 self.ACC_DTYPE)
@@ -123,7 +124,17 @@ class Epilogue:
     def store_tile(self, work, gC_t, sC, c_args, out_mnl, stores, store_pipeline, group, thr_mma_c, cC_mnl,
                    accumulators, num_tiles_done, epi_loads, staged_parts, epi_phase, inputs, num_m, num_n):
         """Store one tile (returns the staged inputs' load-barrier phase)."""
-        if cutlass.const_expr(self.SWAP_AB):
+        if cutlass.const_expr(self.STORE_FROM_REGISTERS and self.GROUPED):
+            # coordinates from the group's first row: the group's rows only, at row0 + row in A's frame
+            tCcS = thr_mma_c.partition_C(cC_mnl[(None, None, work.tile_m, work.tile_n, 0)])
+            # unrolled (each element is a register), in runs of 32: the DSL warns of constexpr loops of 64 or more
+            size = cute.size(accumulators)
+            for run in cutlass.range_constexpr((size + 31) // 32):
+                for si in cutlass.range_constexpr(run * 32, min(size, run * 32 + 32)):
+                    if tCcS[si][0] < work.rows and tCcS[si][1] < num_n:
+                        out_mnl[(work.row0 + tCcS[si][0], tCcS[si][1], work.tile_l)] = \
+                            cutlass.Float32(accumulators[si]).to(self.STORE_DTYPE)
+        elif cutlass.const_expr(self.STORE_FROM_REGISTERS):
             tCcS = thr_mma_c.partition_C(cC_mnl[(None, None, work.tile_m, work.tile_n, work.tile_l)])
             for si in cutlass.range_constexpr(cute.size(accumulators)):
                 if tCcS[si][0] < num_m and tCcS[si][1] < num_n:

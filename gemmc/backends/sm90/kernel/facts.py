@@ -75,6 +75,10 @@ class KernelFacts:
     SWAP_AB: bool
     BATCHED: bool
     GATED: bool                     # B is [gate; up]: two accumulators per tile, combined by gate_function
+    GROUPED: bool                   # map-groups: E GEMMs in one launch, one weight per group (B's leading dim)
+    GROUP_MASKED: bool              # masked groups: A and the output are E x M x .; else contiguous (M x .)
+    GROUP_ORDER_M: bool             # map-groups: a group's cluster tiles M fastest (else N fastest)
+    STORE_FROM_REGISTERS: bool      # tma-cluster-layout: the output is stored from registers (st_global)
     EPILOGUE_INPUTS: tuple          # EpilogueInput, in the plan's order (none staged when a reduce kernel applies them)
 
     @classmethod

@@ -15,6 +15,10 @@ views out transposed.
 Gated (GATED): B is [gate; up] (2N x K), viewed as (N, K, 2); each stage holds a gate and an up tile of B
 (smem stages 2s and 2s + 1), the consumers run one WGMMA chain into each of two accumulators, and
 gate_function(gate, up) combines them in registers before the epilogue.
+Grouped (GROUPED): B is E x N x K, viewed as (N, K, E) ((N, K, (2, E)) gated); A and the output are M x . (contiguous)
+or E x M x . (masked, viewed with L = E); groups.py maps work units to groups from the offsets or counts, read
+on the device after the grid dependency. A contiguous group's A tiles are taken at its first row (a domain
+offset of the one descriptor's coordinates); the output is stored from registers, row-predicated.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from .consumer import Consumer
 from .epilogue import Epilogue
 from .facts import KernelFacts
 from .fixup import PartialSums
+from .groups import GroupScheduler
 from .producer import Producer
 from .scheduler import TileScheduler
 
@@ -38,7 +43,7 @@ def smem_layout(atom_kind, dtype, shape_2d, stages, major_is_k):
     return cute.tile_to_shape(atom, cute.append(shape_2d, stages), order=(0, 1, 2) if major_is_k else (1, 0, 2))
 
 
-class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
+class Sm90Gemm(TileScheduler, GroupScheduler, Producer, Consumer, PartialSums, Epilogue):
     def __init__(self, facts: KernelFacts, epilogue_dag=None, reduce_partials=None, gate_function=None):
         """epilogue_dag: the generated f32 function of one accumulator element (None: a plain store and cast);
         reduce_partials: the generated host function launching the split-K reduce kernel (REDUCE_KERNEL);
@@ -54,15 +59,21 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
 
     # ==== host ===================================================================================
     def gated_view(self, b):
-        """A gated kernel's B, [gate; up] of 2N x K, as (N, K, 2): the gate rows at l = 0, the up rows at l = 1."""
+        """A gated kernel's B, [gate; up] of 2N x K, as (N, K, 2): the gate rows at l = 0, the up rows at l = 1.
+        Grouped, E x 2N x K as (N, K, (2, E)): group g's gate rows at l = 2g, its up rows at 2g + 1."""
+        if cutlass.const_expr(self.GROUPED):
+            n = cute.size(b, mode=[1]) // 2
+            row = b.layout.stride[1]
+            shape = (n, cute.size(b, mode=[2]), (2, cute.size(b, mode=[0])))
+            return cute.make_tensor(b.iterator, cute.make_layout(shape, stride=(row, 1, (n * row, b.layout.stride[0]))))
         n = cute.size(b, mode=[0]) // 2
         row = b.layout.stride[0]
         return cute.make_tensor(b.iterator, cute.make_layout((n, cute.size(b, mode=[1]), 2),
                                                              stride=(row, 1, n * row)))
 
-    def view(self, t, transposed: bool):
+    def view(self, t, transposed: bool, batched: bool):
         """A storage-shape tensor ((L,) R, C) as (R, C, L), or (C, R, L) when transposed."""
-        if cutlass.const_expr(self.BATCHED):
+        if cutlass.const_expr(batched):
             return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[2, 1, 0] if transposed else [1, 2, 0]))
         if cutlass.const_expr(not transposed):
             return cute.make_tensor(t.iterator, cute.append(t.layout, cute.make_layout(1, stride=0)))
@@ -79,13 +90,16 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         return cute.make_tensor(t.iterator, cute.append(t.layout, cute.make_layout(1, stride=0)))
 
     @cute.jit
-    def __call__(self, a, b, out, inputs, workspace, semaphores, stream):
+    def __call__(self, a, b, out, inputs, workspace, semaphores, groups, stream):
         """a, b, out: the kernel's A (the problem's b when swapped), B and the output, in storage shape; inputs:
         the epilogue inputs (all of the plan's; the main kernel reads them unless a reduce kernel applies the
-        epilogue); workspace / semaphores: the split-K scratch (None where the plan has none)."""
-        a_mkl = self.view(a, not self.A_MAJOR_IS_K)
-        b_nkl = self.gated_view(b) if self.GATED else self.view(b, not self.B_MAJOR_IS_K)
-        out_mnl = self.view(out, self.SWAP_AB)
+        epilogue); workspace / semaphores: the split-K scratch (None where the plan has none); groups: a grouped
+        GEMM's offsets or counts (None for any other)."""
+        rows_batched = self.BATCHED or (self.GROUPED and self.GROUP_MASKED)     # A's and the output's L
+        a_mkl = self.view(a, not self.A_MAJOR_IS_K, rows_batched)
+        b_nkl = self.gated_view(b) if self.GATED else self.view(b, not self.B_MAJOR_IS_K,
+                                                                 self.BATCHED or self.GROUPED)
+        out_mnl = self.view(out, self.SWAP_AB, rows_batched)
         views = tuple(self.input_view(x, inp_kind) for x, inp_kind in zip(inputs, self.input_kinds()))
 
         tiled_mma = cute.make_tiled_mma(
@@ -113,8 +127,8 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
             n = cute.size(out_mnl, mode=[1])
             ws_mnl = cute.make_tensor(workspace.iterator, cute.make_layout(
                 (m, n, self.SPLIT_K * cute.size(out_mnl, mode=[2])), stride=(n, 1, m * n)))
-        c_args = (out_mnl,)    # swapped A/B: the epilogue stores from registers (no TMA store)
-        if cutlass.const_expr(not self.SWAP_AB):
+        c_args = (out_mnl,)    # swapped A/B, grouped: the epilogue stores from registers (no TMA store)
+        if cutlass.const_expr(not self.STORE_FROM_REGISTERS):
             tma_c, tma_c_mnl = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), ws_mnl if cutlass.const_expr(self.REDUCE_KERNEL) else out_mnl,
                 cute.slice_(c_smem, (None, None, 0)), self.EPI_TILE)
@@ -132,8 +146,12 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
             staged_fields[f"s_{inp.name}"] = cute.struct.Align[cute.struct.MemRange[inp.dtype, cute.cosize(layout)],
                                                                1024]
 
+        group_args = ()
         if cutlass.const_expr(self.STREAM_K):
             grid, sched = self.stream_k_grid(out_mnl, a_mkl)
+        elif cutlass.const_expr(self.GROUPED):
+            grid, sched = self.group_grid(out_mnl, groups)
+            group_args = (groups,)
         else:
             grid, sched = self.static_grid(out_mnl)
 
@@ -150,7 +168,7 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         scratch = (workspace, semaphores) if cutlass.const_expr(self.SUMS_PARTIALS) else ()
 
         self.kernel(tma_a, tma_a_mkl, tma_b, tma_b_nkl, c_args, out_mnl, tiled_mma, a_smem, b_smem, c_smem, sched,
-                    shared_storage, scratch, kernel_inputs, staged).launch(
+                    shared_storage, scratch, kernel_inputs, staged, group_args).launch(
             grid=grid, block=[self.THREADS, 1, 1], cluster=(*self.CLUSTER_MN, 1), min_blocks_per_mp=1,
             stream=stream, use_pdl=self.PDL)
         if cutlass.const_expr(self.REDUCE_KERNEL):
@@ -168,14 +186,14 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
     def kernel(self, tma_a: cute.CopyAtom, mA_mkl: cute.Tensor, tma_b: cute.CopyAtom, mB_nkl: cute.Tensor,
                c_args: tuple, out_mnl: cute.Tensor, tiled_mma: cute.TiledMma, a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout, c_smem: cute.ComposedLayout, sched: tuple,
-               SharedStorage: cutlass.Constexpr, scratch: tuple, inputs: tuple, staged: tuple):
+               SharedStorage: cutlass.Constexpr, scratch: tuple, inputs: tuple, staged: tuple, group_args: tuple):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         warp_group_idx = cute.arch.make_warp_uniform(tidx // 128)
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
-            if cutlass.const_expr(not self.SWAP_AB):
+            if cutlass.const_expr(not self.STORE_FROM_REGISTERS):
                 cpasync.prefetch_descriptor(c_args[0])
 
         # cluster position -> multicast masks (A: CTAs sharing this cluster row, B: this column)
@@ -223,7 +241,9 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         num_n = cute.size(out_mnl, mode=[1])
         num_l = cute.size(out_mnl, mode=[2])
         k_tile_total = cute.size(gA, mode=[3])
-        walk = self.walk(sched, num_m, num_n, num_l, k_tile_total, cluster_coord, cta_rank)
+        walk = None     # grouped: built once the grid dependency is met (below)
+        if cutlass.const_expr(not self.GROUPED):
+            walk = self.walk(sched, num_m, num_n, num_l, k_tile_total, cluster_coord, cta_rank)
 
         # TMA partitions; a multicast load writes this CTA's slice into every CTA of the group
         tAsA, tAgA = cpasync.tma_partition(
@@ -269,6 +289,11 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         # shared memory or written before its grid has completed
         if cutlass.const_expr(self.PDL):
             cute.arch.griddepcontrol_wait()
+        a_rows = ()     # contiguous groups: what takes A's tiles at a group's first row
+        if cutlass.const_expr(self.GROUPED):
+            walk = self.group_walk(group_args[0], num_m, num_n, k_tile_total)
+            if cutlass.const_expr(not self.GROUP_MASKED):
+                a_rows = (mA_mkl, sA, cluster_coord)
         # split_k_mode serial: the reduce kernel is let in at once (it waits for this grid's partials); a next
         # GEMM is let in by the producer near the end: let in here, it measured up to 28% slower
         if cutlass.const_expr(self.PDL and self.REDUCE_KERNEL):
@@ -279,7 +304,7 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
             cute.arch.setmaxregister_decrease(self.PRODUCER_REGS)
         if warp_idx == self.PRODUCER_WG * 4:
             self.produce(ab_pipeline, walk, num_m, num_n, pdl_banded, tma_a, tAgA, tAsA, a_mcast_mask,
-                         tma_b, tBgB, tBsB, b_mcast_mask)
+                         tma_b, tBgB, tBsB, b_mcast_mask, a_rows)
 
         # ---- consumer warpgroups: CONSUMER_REGS registers
         if warp_group_idx != self.PRODUCER_WG:

@@ -1,12 +1,13 @@
 """Producer of the SM90 kernel: one warp of the producer warpgroup loads A and B with TMA (multicast across the
 cluster) into the shared-memory ring, in the consumers' work order, and under PDL warms L2 and lets the next
-kernel launch.
+kernel launch. Grouped: B's tiles of the work's group; a contiguous group's A tiles from its first row.
 """
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
+from cutlass.cute.nvgpu import cpasync
 
 # the L2 cache policy words of TMA's cache hints, per eviction priority (createpolicy's fractional encoding,
 # fraction 1.0: every line the copy touches; the words CUTLASS's CacheHintSm90 names)
@@ -55,9 +56,13 @@ class Producer:
                   tma_b, tBgB, tBsB, b_mcast_mask, b_policy):
         """One tile's k-tiles: wait for an empty stage, load A and B (multicast), arm its full barrier. Gated:
         B's gate tile (l = 0) into smem stage 2s, its up tile (l = 1) into 2s + 1."""
+        b_l, up_l = work.tile_l, 1
+        if cutlass.const_expr(self.GROUPED):      # the group's weight (gated: its gate at 2g, its up at 2g + 1)
+            b_l = work.group * (2 if self.GATED else 1)
+            up_l = b_l + 1
         tAgA_t = tAgA[(None, work.tile_m, None, work.tile_l)]
-        tBgB_t = tBgB[(None, work.tile_n, None, work.tile_l)]
-        tBgB_up = tBgB[(None, work.tile_n, None, 1)] if self.GATED else None
+        tBgB_t = tBgB[(None, work.tile_n, None, b_l)]
+        tBgB_up = tBgB[(None, work.tile_n, None, up_l)] if self.GATED else None
         for kt in range(work.k_count):
             ab_pipeline.producer_acquire(load_state)
             full_barrier = ab_pipeline.producer_get_barrier(load_state)
@@ -75,17 +80,31 @@ class Producer:
             load_state.advance()
         return load_state
 
+    def group_a_tiles(self, tma_a, work, a_rows):
+        """Contiguous groups: A's TMA tiles counted from the work's group's first row (the one descriptor's
+        coordinates offset by it; rows past the group are read, and reach only rows the store skips)."""
+        mA_mkl, sA, cluster_coord = a_rows
+        gA = cute.local_tile(cute.domain_offset((work.row0, 0, 0), mA_mkl), (self.TILE_MNK[0], self.TILE_MNK[2]),
+                             (None, None, None))
+        _, tAgA = cpasync.tma_partition(tma_a, cluster_coord[1], cute.make_layout(self.CLUSTER_MN[1]),
+                                        cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+        return tAgA
+
     @cute.jit
     def produce(self, ab_pipeline, walk, num_m, num_n, pdl_banded, tma_a, tAgA, tAsA, a_mcast_mask,
-                tma_b, tBgB, tBsB, b_mcast_mask):
-        """The producer warp's loop over this CTA's work, in the consumers' order."""
+                tma_b, tBgB, tBsB, b_mcast_mask, a_rows):
+        """The producer warp's loop over this CTA's work, in the consumers' order. a_rows: contiguous groups'
+        (A's coordinate tensor, its smem, the cluster coordinate), else ()."""
         load_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.AB_STAGES)
         a_policy, b_policy = self.l2_policies(num_m, num_n)
         position = walk.start
         while position < walk.limit:
             work = self.work_at(position, walk)
-            load_state = self.load_tile(ab_pipeline, load_state, work, tma_a, tAgA, tAsA, a_mcast_mask, a_policy,
-                                        tma_b, tBgB, tBsB, b_mcast_mask, b_policy)
+            tAgA_work = tAgA
+            if cutlass.const_expr(len(a_rows) > 0):
+                tAgA_work = self.group_a_tiles(tma_a, work, a_rows)
+            load_state = self.load_tile(ab_pipeline, load_state, work, tma_a, tAgA_work, tAsA, a_mcast_mask,
+                                        a_policy, tma_b, tBgB, tBsB, b_mcast_mask, b_policy)
             position = self.next_position(position, walk, work)
         self.finish_loads(ab_pipeline, load_state, pdl_banded)
 

@@ -25,7 +25,10 @@ import cutlass.cute as cute
 class Work(NamedTuple):
     """One piece of work: this CTA's tile (m, n, l) and its k-tiles [k_begin, k_begin + k_count). tile_l_raw is
     the static scheduler's split * L + batch; store_l the L index the store writes (split-major under the
-    reduce kernel). Under stream-K, sk_tile is the cluster tile and sk_it the piece's first stream-K iteration."""
+    reduce kernel). Under stream-K, sk_tile is the cluster tile and sk_it the piece's first stream-K iteration.
+    Grouped (groups.py): group is B's group; tile_m counts tiles from the group's first row, row0 (the group's
+    first row of A and the output: contiguous) and rows (its row count) place and bound them; tile_l is A's and
+    the output's L (the group, masked; 0, contiguous)."""
     tile_m: object
     tile_n: object
     tile_l: object
@@ -35,6 +38,9 @@ class Work(NamedTuple):
     store_l: object
     sk_tile: object = None
     sk_it: object = None
+    group: object = None
+    row0: object = None
+    rows: object = None
 
 
 class StreamK(NamedTuple):
@@ -66,6 +72,7 @@ class Walk(NamedTuple):
     sk: object = None       # stream-K: StreamK
     cluster_coord: object = None
     cta_rank: object = None
+    groups: object = None   # grouped: GroupWalk (groups.py)
 
 
 class TileScheduler:
@@ -120,7 +127,9 @@ class TileScheduler:
     @cute.jit
     def work_at(self, position, walk):
         result = None
-        if cutlass.const_expr(self.STREAM_K):
+        if cutlass.const_expr(self.GROUPED):
+            result = self.group_work(position, walk)
+        elif cutlass.const_expr(self.STREAM_K):
             result = self.stream_k_work(position, walk.sk, walk.cluster_coord, walk.k_tile_total)
         else:
             result = self.static_work(position, walk.sched, walk.clusters_mn, walk.num_l, walk.k_tile_total,

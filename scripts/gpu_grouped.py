@@ -1,0 +1,358 @@
+"""Grouped GEMMs (mixture-of-experts) on a GPU: correctness first, then speed beside torch._grouped_mm, a loop of
+torch.matmul per expert and (where importable) quack's varlen_m GEMM, then the masked decode's HBM bandwidth.
+
+    python3 scripts/gpu_grouped.py                   # all three parts; JSON under $OUT (else ./grouped_out)
+    python3 scripts/gpu_grouped.py --compile-only    # CPU: compile every checked variant, check its PTX
+    python3 scripts/gpu_grouped.py --no-timing       # correctness only (e.g. under compute-sanitizer)
+    python3 scripts/gpu_grouped.py --only contiguous_coop_c2x1 --no-timing --no-decode
+    python3 scripts/gpu_grouped.py --no-check --models qwen3-30b-a3b --tokens 64,4096 --routings zipf
+
+Correctness: every variant (layout x mode x cluster x gate x epilogue) against each expert's fp32 reference
+(gemmc.reference.grouped_reference_and_bound), the output NaN-filled first: rows of no expert must stay NaN,
+every other element within the elementwise bound. Speed: the models of gemmc.bench.moe (up: the fused [gate; up]
+SwiGLU projection, one gated kernel; down), routed with seeded uniform / Zipf / Dirichlet imbalance; each side
+in a CUDA graph over input sets rotated past 2x L2 (different routings, the weights shared), interleaved repeat
+by repeat, the median kept; gemmc runs `auto`'s kernel for the rows, and its output is checked in the timed
+run. torch._grouped_mm computes the [gate; up] product and torch gates it (the same output as the fused kernel;
+its matmul alone is recorded too). Decode: the masked layout at 1..64 tokens, the bytes of the touched experts'
+weights (and the rows in and out) over the time, against a device-to-device copy's bandwidth measured here.
+`--budget-s` stops starting new timing cases past that many seconds, so one call stays under 10 minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gemmc.bench.grouped_timing import time_sides  # noqa: E402
+from gemmc.bench.moe import MODELS, ROUTINGS, TOKENS, model, offsets_of, route, spec_of  # noqa: E402
+from gemmc.schedule import Schedule  # noqa: E402
+from gemmc.spec import EpilogueInput, EpilogueOp, GemmSpec, Ref  # noqa: E402
+
+L2_BYTES = 60 * 2**20
+S = Schedule
+SCALE = dict(inputs=(EpilogueInput("alpha", "scalar"),),
+             epilogue=(EpilogueOp("mul", (Ref.acc(), Ref.input("alpha"))), EpilogueOp("silu", (Ref.node(0),))))
+# name -> (spec kwargs, schedule); N = 448, K = 520: edge tiles along N, a partial last k-tile
+VARIANTS = {
+    "contiguous_coop": (dict(group_layout="contiguous"), S((128, 128, 64))),
+    "contiguous_coop_c2x1": (dict(group_layout="contiguous"), S((128, 256, 64), (2, 1))),
+    "contiguous_coop_256_c1x2": (dict(group_layout="contiguous"), S((256, 128, 64), (1, 2))),
+    "contiguous_coop_c2x2_n": (dict(group_layout="contiguous"), S((128, 64, 64), (2, 2), raster="n")),
+    "contiguous_pp": (dict(group_layout="contiguous"), S((64, 128, 64), mode="pingpong")),
+    "contiguous_pp_c2x1_n": (dict(group_layout="contiguous"), S((128, 128, 64), (2, 1), mode="pingpong", raster="n")),
+    "contiguous_swiglu_c2x1": (dict(group_layout="contiguous", gate="silu"), S((128, 128, 64), (2, 1))),
+    "contiguous_swiglu_pp": (dict(group_layout="contiguous", gate="silu"), S((64, 128, 64), mode="pingpong")),
+    "contiguous_epi_f32": (dict(group_layout="contiguous", out_dtype="f32", **SCALE), S((128, 128, 64))),
+    "masked_coop": (dict(group_layout="masked"), S((128, 128, 64))),
+    "masked_coop_c1x2": (dict(group_layout="masked"), S((128, 128, 64), (1, 2))),
+    "masked_pp": (dict(group_layout="masked"), S((64, 128, 64), mode="pingpong")),
+    "masked_pp_nopdl": (dict(group_layout="masked"), S((64, 96, 128), mode="pingpong", pdl=False, stages=3)),
+    "masked_swiglu_c2x1": (dict(group_layout="masked", gate="silu"), S((128, 128, 64), (2, 1))),
+}
+N, K = 448, 520
+# rows per group: empty groups, single rows, groups past one tile; then one token over 256 experts (decode)
+CHECK_ROWS = [[0, 1, 130, 0, 0, 7, 300, 64, 0, 1, 257], [3],
+              [1 if g in (3, 17, 40, 41, 128, 200, 254, 255) else 0 for g in range(256)]]
+DECODE_TOKENS = (1, 4, 16, 64)
+
+
+def variant_spec(name: str) -> tuple[GemmSpec, Schedule]:
+    kw, sched = VARIANTS[name]
+    return GemmSpec(m="M", n=N, k=K, groups="E", name=name, **kw), sched
+
+
+class Watchdog:
+    """A hung kernel blocks forever in synchronize: exit (with a note) instead of burning the GPU's time."""
+
+    def __init__(self, log):
+        import threading
+        self.log, self.deadline, self.what = log, None, ""
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def arm(self, what: str, seconds: float):
+        self.what, self.deadline = what, time.time() + seconds
+
+    def _run(self):
+        while True:
+            time.sleep(1)
+            if self.deadline is not None and time.time() > self.deadline:
+                self.log(f"HANG: {self.what} did not finish in time; exiting")
+                os._exit(3)
+
+
+def check_ptx(name: str, ptx: str, sched: Schedule) -> list[str]:
+    errs = [f"{name}: PTX lacks {w}" for w in ("wgmma.mma_async", "cp.async.bulk.tensor", "shfl.sync.up",
+                                               "vote.sync.ballot", "st.global") if w not in ptx]
+    if (".multicast::cluster" in ptx) != (sched.cluster[0] * sched.cluster[1] > 1):
+        errs.append(f"{name}: multicast in the PTX does not follow the cluster {sched.cluster}")
+    return errs
+
+
+# ---- correctness ----------------------------------------------------------------------------------
+
+def check(name, fn, spec, log, watchdog):
+    import torch
+    from gemmc.reference import error_figures, grouped_reference_and_bound, make_grouped_inputs
+    from gemmc.types import torch_dtype
+    results = []
+    for rows in CHECK_ROWS:
+        gen = torch.Generator(device="cuda").manual_seed(len(rows))
+        extra_m = 9 if spec.group_layout == "contiguous" else 3       # rows of no group, or past every count
+        a, b, groups, extra = make_grouped_inputs(spec, rows, N, K, m=(sum(rows) if spec.group_layout ==
+                                                  "contiguous" else max(rows)) + extra_m, generator=gen)
+        out = torch.full(a.shape[:-1] + (N,), math.nan, device="cuda", dtype=torch_dtype(spec.out_dtype))
+        watchdog.arm(f"{name} {len(rows)} groups", 60)
+        fn(a, b, groups, *extra, out=out)
+        torch.cuda.synchronize()
+        rel, elem = error_figures(out, *grouped_reference_and_bound(spec, a, b, groups, extra))
+        ok = elem <= 1.0
+        results.append({"variant": name, "groups": len(rows), "rows": sum(rows), "rel_err": rel,
+                        "of_bound": elem, "ok": ok})
+        log(f"  {name:28s} {len(rows):3d} groups {sum(rows):4d} rows: rel {rel:.2e}, {elem:.3f} of the bound "
+            f"{'OK' if ok else 'FAIL (NaN: a row of no group was written)' if math.isnan(elem) else 'FAIL'}")
+    return results
+
+
+# ---- timing ---------------------------------------------------------------------------------------
+
+def quack_gemm():
+    try:
+        from quack.gemm_interface import gemm
+        return gemm, None
+    except Exception as e:      # not installed on the GPU host (no package index there): recorded, not fatal
+        return None, f"{type(e).__name__}: {e}"
+
+
+def speed(args, log, watchdog, t_start):
+    import torch
+    import torch.nn.functional as F
+    import gemmc
+    from gemmc.reference import error_figures, grouped_reference_and_bound
+    quack, quack_why = quack_gemm()
+    rows_out, skipped = [], []
+    for mdl in [model(m) for m in args.models]:
+        for proj in ("up", "down"):
+            spec = spec_of(mdl, proj)
+            n_rows = 2 * mdl.width if proj == "up" else mdl.hidden      # B's rows per expert
+            k = mdl.hidden if proj == "up" else mdl.width
+            w = (torch.randn(mdl.experts, n_rows, k, device="cuda", dtype=torch.bfloat16) / math.sqrt(k))
+            kernel = gemmc.compile(spec, schedule="auto")
+            for tokens in args.tokens:
+                for routing in args.routings:
+                    if time.time() - t_start > args.budget_s:
+                        skipped.append(f"{mdl.name} {proj} {tokens} {routing}")
+                        continue
+                    watchdog.arm(f"timing {mdl.name} {proj} {tokens} {routing}", 240)
+                    rows_out.append(speed_case(mdl, proj, spec, w, kernel, tokens, routing, quack, F, log,
+                                               error_figures, grouped_reference_and_bound))
+            del w, kernel
+            torch.cuda.empty_cache()
+    return rows_out, skipped, quack_why
+
+
+def speed_case(mdl, proj, spec, w, kernel, tokens, routing, quack, F, log, error_figures, reference):
+    import torch
+    e, n_rows, k = w.shape
+    n = spec.n
+    counts0 = route(tokens, e, mdl.top_k, routing, seed=0)
+    touched = int((counts0 > 0).sum()) * n_rows * k * 2
+    total = tokens * mdl.top_k
+    sets = 1 if touched >= 2 * L2_BYTES else min(8, math.ceil(2 * L2_BYTES / max(touched, 1)))
+    data = []
+    for i in range(sets):
+        counts = route(tokens, e, mdl.top_k, routing, seed=i)
+        offs = torch.tensor(offsets_of(counts), device="cuda")
+        x = torch.randn(total, k, device="cuda", dtype=torch.bfloat16)
+        data.append(dict(counts=counts, offs=offs, x=x, out=torch.empty(total, n, device="cuda", dtype=x.dtype),
+                         wide=torch.empty(total, n_rows, device="cuda", dtype=x.dtype)))
+    run = kernel.runner_for(total)
+
+    def gate(y):
+        g, u = y.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    def loop(d):
+        bounds = offsets_of(d["counts"]).tolist()
+        def call():
+            for g in range(e):
+                if bounds[g + 1] > bounds[g]:
+                    torch.mm(d["x"][bounds[g]:bounds[g + 1]], w[g].T, out=d["wide"][bounds[g]:bounds[g + 1]])
+            if proj == "up":
+                d["out"].copy_(gate(d["wide"]))
+        return call
+
+    sides = {"gemmc": [lambda d=d: run(d["x"], w, d["offs"], out=d["out"]) for d in data],
+             "grouped_mm": [lambda d=d: (gate if proj == "up" else (lambda y: y))(
+                 torch._grouped_mm(d["x"], w.mT, offs=d["offs"][1:])) for d in data],
+             "loop": [loop(d) for d in data]}
+    if proj == "up":
+        sides["grouped_mm_matmul_only"] = [lambda d=d: torch._grouped_mm(d["x"], w.mT, offs=d["offs"][1:])
+                                           for d in data]
+    if quack is not None:
+        sides["quack"] = [lambda d=d: (gate if proj == "up" else (lambda y: y))(
+            quack(d["x"], w.mT, cu_seqlens_m=d["offs"], tuned=False)) for d in data]
+    data[0]["out"].fill_(math.nan)
+    t = time_sides(sides)
+    torch.cuda.synchronize()
+    ref, bound = reference(spec, data[0]["x"], w, data[0]["offs"], [])
+    _, of_bound = error_figures(data[0]["out"], ref, bound)
+    del ref, bound
+    flops = 2.0 * total * n_rows * k
+    row = {"model": mdl.name, "proj": proj, "tokens": tokens, "routing": routing, "rows": total, "input_sets": sets,
+           "max_rows_per_expert": int(counts0.max()), "experts_touched": int((counts0 > 0).sum()),
+           "schedule": kernel.for_m(total)[0].schedule.short(), "of_bound": of_bound, "ok": of_bound <= 1.0,
+           **{f"{s}_us": v * 1e6 for s, v in t.items()},
+           "gemmc_tflops": flops / t["gemmc"] / 1e12, "ratio_vs_grouped_mm": t["grouped_mm"] / t["gemmc"],
+           "ratio_vs_loop": t["loop"] / t["gemmc"]}
+    if "quack" in t:
+        row["ratio_vs_quack"] = t["quack"] / t["gemmc"]
+    log(f"  {mdl.name:16s} {proj:4s} {tokens:5d} {routing:9s}: gemmc {t['gemmc'] * 1e6:9.1f} us "
+        f"({row['gemmc_tflops']:5.0f} TF/s) grouped_mm {t['grouped_mm'] * 1e6:9.1f} loop {t['loop'] * 1e6:9.1f} "
+        f"x{row['ratio_vs_grouped_mm']:.3f} {row['schedule']} {'OK' if row['ok'] else 'FAIL'}")
+    return row
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a device-to-device copy of 2 GiB (read + write), the HBM figure decode is held to."""
+    import torch
+    src = torch.empty(2**30, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    t = time_sides({"copy": [lambda: dst.copy_(src)]})["copy"]
+    return 2 * src.numel() * 2 / t
+
+
+def decode(args, log, watchdog):
+    """The masked layout at decode sizes: the touched experts' weight bytes (and rows in/out) over the time."""
+    import torch
+    import gemmc
+    peak = copy_bandwidth()
+    log(f"  device-to-device copy: {peak / 1e12:.2f} TB/s")
+    rows = []
+    for mdl in [model(m) for m in args.models]:
+        for proj in ("up", "down"):
+            spec = spec_of(mdl, proj, layout="masked")
+            n_rows = 2 * mdl.width if proj == "up" else mdl.hidden
+            k = mdl.hidden if proj == "up" else mdl.width
+            w = torch.randn(mdl.experts, n_rows, k, device="cuda", dtype=torch.bfloat16) / math.sqrt(k)
+            kernel = gemmc.compile(spec, schedule="auto")
+            for tokens in DECODE_TOKENS:
+                watchdog.arm(f"decode {mdl.name} {proj} {tokens}", 120)
+                counts = route(tokens, mdl.experts, mdl.top_k, "uniform", seed=0)
+                cap = max(8, -(-int(counts.max()) // 8) * 8)
+                x = torch.randn(mdl.experts, cap, k, device="cuda", dtype=torch.bfloat16)
+                c = torch.tensor(counts, dtype=torch.int32, device="cuda")
+                out = torch.empty(mdl.experts, cap, spec.n, device="cuda", dtype=torch.bfloat16)
+                run = kernel.runner_for(cap)
+                t = time_sides({"gemmc": [lambda: run(x, w, c, out=out)]})["gemmc"]
+                touched = int((counts > 0).sum())
+                moved = touched * n_rows * k * 2 + int(counts.sum()) * (k + spec.n) * 2
+                row = {"model": mdl.name, "proj": proj, "tokens": tokens, "experts_touched": touched,
+                       "us": t * 1e6, "bytes": moved, "tb_per_s": moved / t / 1e12, "of_copy_bw": moved / t / peak,
+                       "schedule": kernel.for_m(cap)[0].schedule.short()}
+                rows.append(row)
+                log(f"  {mdl.name:16s} {proj:4s} {tokens:3d} tokens: {row['us']:8.1f} us {row['tb_per_s']:.2f} TB/s "
+                    f"= {row['of_copy_bw']:.2f} of the copy's {row['schedule']}")
+            del w, kernel
+            torch.cuda.empty_cache()
+    return rows, peak
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--only", default="", help="comma-separated VARIANTS to check")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--models", default=",".join(m.name for m in MODELS))
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--routings", default="uniform,zipf")
+    ap.add_argument("--budget-s", type=float, default=480.0)
+    args = ap.parse_args()
+    args.models = [m for m in args.models.split(",") if m]
+    args.tokens = [int(t) for t in args.tokens.split(",") if t]
+    args.routings = [r for r in args.routings.split(",") if r]
+    assert all(r in ROUTINGS for r in args.routings), args.routings
+    t_start = time.time()
+    out_dir = Path(os.environ.get("OUT", "grouped_out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = []
+
+    def log(s):
+        print(s, flush=True)
+        lines.append(s)
+
+    from gemmc import build
+    from gemmc.backends import emit
+    from gemmc.compiler import lower
+    names = [n for n in args.only.split(",") if n] or list(VARIANTS)
+    report = {"errors": [], "check": [], "speed": [], "decode": [], "skipped": []}
+    fns = {}
+    for name in names:
+        spec, sched = variant_spec(name)
+        try:
+            emitted = emit(lower(spec, sched, "sm_90a")[1])
+            t0 = time.time()
+            if args.compile_only:
+                _, ptx = build.compile_with_ptx(emitted)
+                errs = check_ptx(name, ptx, sched)
+                report["errors"] += errs
+                log(f"compiled {name} in {time.time() - t0:.1f}s: {'; '.join(errs) or 'PTX ok'}")
+            else:
+                fns[name] = (spec, build.jit_callable(emitted))
+                log(f"compiled {name} in {time.time() - t0:.1f}s")
+        except Exception as e:     # keep going: report every variant
+            report["errors"].append(f"{name}: {type(e).__name__}: {str(e)[:2000]}")
+            log(f"ERROR {name}: {type(e).__name__}: {str(e)[:500]}")
+    if not args.compile_only:
+        import torch
+        report["device"] = torch.cuda.get_device_name()
+        watchdog = Watchdog(log)
+        if not args.no_check:
+            for name, (spec, fn) in fns.items():
+                try:
+                    report["check"] += check(name, fn, spec, log, watchdog)
+                except Exception as e:
+                    report["errors"].append(f"{name} (run): {type(e).__name__}: {str(e)[:2000]}")
+                    log(f"ERROR {name} (run): {type(e).__name__}: {str(e)[:500]}")
+        if not args.no_timing:
+            report["speed"], report["skipped"], report["quack"] = speed(args, log, watchdog, t_start)
+            ratios = [r["ratio_vs_grouped_mm"] for r in report["speed"]]
+            if ratios:
+                report["geomean_vs_grouped_mm"] = math.exp(sum(map(math.log, ratios)) / len(ratios))
+                report["min_vs_grouped_mm"] = min(ratios)
+        if not args.no_decode:
+            report["decode"], report["copy_bytes_per_s"] = decode(args, log, watchdog)
+    (out_dir / "grouped_results.json").write_text(json.dumps(report, indent=1))
+    (out_dir / "grouped_log.txt").write_text("\n".join(lines) + "\n")
+    print("\n== summary ==")
+    fails = [c for c in report["check"] if not c["ok"]] + [r for r in report["speed"] if not r["ok"]]
+    print(f"checks: {len(report['check'])} ({sum(not c['ok'] for c in report['check'])} failed); timed: "
+          f"{len(report['speed'])} ({sum(not r['ok'] for r in report['speed'])} failed their check); errors: "
+          f"{len(report['errors'])}; skipped for time: {len(report['skipped'])}")
+    for e in report["errors"]:
+        print("  ERR", e[:300])
+    if report["speed"]:
+        print(f"{'model':16s} {'proj':4s} {'tok':>5s} {'routing':9s} {'gemmc us':>9s} {'gmm us':>9s} {'loop us':>9s} "
+              f"{'x gmm':>6s} {'x loop':>6s}")
+        for r in report["speed"]:
+            print(f"{r['model']:16s} {r['proj']:4s} {r['tokens']:5d} {r['routing']:9s} {r['gemmc_us']:9.1f} "
+                  f"{r['grouped_mm_us']:9.1f} {r['loop_us']:9.1f} {r['ratio_vs_grouped_mm']:6.3f} "
+                  f"{r['ratio_vs_loop']:6.2f}")
+        print(f"geomean vs torch._grouped_mm: {report['geomean_vs_grouped_mm']:.3f}, lowest "
+              f"{report['min_vs_grouped_mm']:.3f}; quack: {report.get('quack') or 'timed'}")
+    for r in report["decode"]:
+        print(f"decode {r['model']:16s} {r['proj']:4s} {r['tokens']:3d} tokens: {r['of_copy_bw']:.2f} of the copy's "
+              f"bandwidth ({r['tb_per_s']:.2f} TB/s)")
+    return 1 if (fails or report["errors"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
