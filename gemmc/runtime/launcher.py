@@ -131,7 +131,8 @@ class Launcher:
         firsts = [j for j, i in enumerate(self._user) if self.params[i].kind == "tensor"]
         self._first_tensor = firsts[0] if firsts else 0
         self._template = [None] * len(self.params)
-        # Vectors declared with unit dims ((M, 1), (1, N)) reach the kernel as views without them.
+        # Vectors declared with unit dims ((M, 1), (1, N)) reach the kernel as views without them; a 0-D
+        # per-tensor fp8 scale as its (1,) view.
         self._unit_vectors = tuple(
             (signature.position(n), unit_dims(shape), len(shape), "(" + ", ".join(str(v) for v in shape) + ")")
             for n, shape in signature.declared)
@@ -206,7 +207,7 @@ class Launcher:
             if t.dim() != rank or any(t.shape[d] != 1 for d in dims):
                 raise LaunchError(f"{self.signature.names[j]} must be {rank}-D with shape {declared} (as "
                                   f"{self.signature.name} declares it), got {t.dim()}-D shape {tuple(t.shape)}")
-            args[j] = t.squeeze(dims)
+            args[j] = t.squeeze(dims) if rank else t.reshape(1)     # a 0-D scale: its (1,) view
         if self._batch_vectors:
             lead = next((a.shape[0] for a in args if hasattr(a, "dim") and a.dim() == 3), None)
             if lead is not None:
