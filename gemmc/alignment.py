@@ -14,3 +14,12 @@ ALIGN_BYTES = 16
 def alignment_elems(dtype: DType) -> int:
     """Elements of `dtype` per 16 bytes: what a contiguous extent and every other stride must divide by."""
     return max(1, ALIGN_BYTES // dtype.bytes)
+
+
+# fp8 scales (kernel params of role "scale") are read one f32 at a time: only an f32's own alignment matters
+SCALE_ALIGN_BYTES = 4
+
+
+def param_align_bytes(role: str) -> int:
+    """The alignment a kernel param's data pointer and strides need, in bytes."""
+    return SCALE_ALIGN_BYTES if role == "scale" else ALIGN_BYTES

@@ -103,7 +103,8 @@ class Launcher:
         self._out_check = TensorCheck(self.params[self._out_index], self._out_index, batched)
         self._scalars = tuple(i for i, p in enumerate(self.params) if p.kind == "scalar")
         self._operands = tuple(i for i, p in enumerate(self.params) if p.kind == "tensor" and p.role in ("a", "b"))
-        self._epilogue_inputs = tuple(i for i, p in enumerate(self.params) if p.role in ("input", "scalar"))
+        # what a K = 0 call's epilogue reads: an fp8 kernel's scales (params after b), then its epilogue inputs
+        self._epilogue_inputs = tuple(i for i, p in enumerate(self.params) if p.role in ("scale", "input", "scalar"))
         self._workspaces = tuple(
             (i, compile(p.workspace_elems or "0", f"<{p.name}.workspace_elems>", "eval"))
             for i, p in enumerate(self.params) if p.kind in ("workspace", "semaphore"))
@@ -270,12 +271,12 @@ class Launcher:
         for i in range(c.rank):
             if i != c.contig and stride[i] % a:
                 raise LaunchError(f"{c.name}.stride({i}) = {stride[i]} is not a multiple of {a} elements "
-                                  f"({_ALIGN_BYTES} bytes), needed for vector/TMA loads: pad dim {c.contig} "
+                                  f"({c.align_bytes} bytes), needed for vector/TMA loads: pad dim {c.contig} "
                                   f"to a multiple of {a} or "
                                   + remedy(f"{c.name}.contiguous() if it is already a multiple of {a}",
                                            f"contiguous if it is already a multiple of {a}"))
-        if t.data_ptr() % _ALIGN_BYTES:
-            raise LaunchError(f"{c.name}.data_ptr() is not {_ALIGN_BYTES}-byte aligned (a view at an odd "
+        if t.data_ptr() % c.align_bytes:
+            raise LaunchError(f"{c.name}.data_ptr() is not {c.align_bytes}-byte aligned (a view at an odd "
                               f"offset?): " + remedy(f"{c.name}.clone()", "as a tensor of its own (torch.empty)"))
         return device
 

@@ -70,8 +70,9 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
                                                         cute.make_layout(1, stride=0)))
 
     def input_view(self, t, kind):
-        """An epilogue input: row -> (N, L), col -> (M, L), full -> (M, N, L); a scalar as it is."""
-        if cutlass.const_expr(kind == "scalar"):
+        """An epilogue input: row -> (N, L), col -> (M, L), full -> (M, N, L); a scalar, and a one-element
+        tensor (an fp8 per-tensor scale), as it is."""
+        if cutlass.const_expr(kind in ("scalar", "one")):
             return t
         if cutlass.const_expr(self.BATCHED):
             return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 0] if kind in ("row", "col")
@@ -89,8 +90,7 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         views = tuple(self.input_view(x, inp_kind) for x, inp_kind in zip(inputs, self.input_kinds()))
 
         tiled_mma = cute.make_tiled_mma(
-            cute.make_mma_atom(warpgroup.MmaF16BF16Op(self.A_DTYPE, self.ACC_DTYPE, (*self.MMA_INST_MN, 16),
-                                                      warpgroup.OperandSource.SMEM, self.A_MAJOR, self.B_MAJOR)),
+            cute.make_mma_atom(self.mma_op()),
             self.MMA_ATOM_LAYOUT)
         tm, tn, tk = self.TILE_MNK
         a_smem = smem_layout(self.A_SMEM_ATOM, self.A_DTYPE, (tm, tk), self.AB_STAGES, self.A_MAJOR_IS_K)
@@ -156,6 +156,14 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         if cutlass.const_expr(self.REDUCE_KERNEL):
             # deterministic in-order sum of the partials + the epilogue, in a second kernel
             self.reduce_partials(ws_mnl, out_mnl, views, stream)
+
+    def mma_op(self):
+        """The WGMMA: fp8 (K 32; A and B each e4m3 or e5m2) or bf16/f16 (K 16)."""
+        if cutlass.const_expr(self.MMA_INST_K == 32):
+            return warpgroup.MmaF8Op(self.A_DTYPE, self.B_DTYPE, self.ACC_DTYPE, (*self.MMA_INST_MN, 32),
+                                     warpgroup.OperandSource.SMEM, self.A_MAJOR, self.B_MAJOR)
+        return warpgroup.MmaF16BF16Op(self.A_DTYPE, self.ACC_DTYPE, (*self.MMA_INST_MN, 16),
+                                      warpgroup.OperandSource.SMEM, self.A_MAJOR, self.B_MAJOR)
 
     def input_kinds(self):
         return tuple(i.kind for i in self.EPILOGUE_INPUTS)
