@@ -189,3 +189,53 @@ def test_ptx_of_serial_split_k_reduces_then_scales():
     ptx = compiled_ptx(emitted(fp8("row", m=512), split_k=4))
     entries = re.findall(r"\.entry (\w+)", ptx)
     assert len(entries) == 2 and wgmma(ptx) == {"m64n128k32.f32.e4m3.e4m3"}
+
+
+# ---- block scaling (DeepSeek-V3) ------------------------------------------------------------------
+
+def test_block_scaled_kernels_promote_in_the_main_loop_not_the_epilogue():
+    src = emitted(fp8("block", b_dtype="f8e5m2")).source
+    c = constants(src)
+    assert (c["SCALING"], c["PROMOTE_K"], c["MMA_INST_K"]) == ("'block'", "128", "32")
+    assert "def epilogue_dag" not in src and "EPILOGUE_INPUTS = ()" in src     # no user epilogue, no scales there
+    assert "KERNEL(a, b, out, (), None, None, stream, block_scales=(sx, sw))" in src
+    with_bias = emitted(fp8("block", **BIAS)).source
+    dag = with_bias[with_bias.index("def epilogue_dag"):with_bias.index("\nKERNEL = ")]
+    assert "sx" not in dag and "v0 = cutlass.Float32(acc + " in dag
+
+
+@pytest.mark.parametrize("sched,k_blocks,loads", [
+    (dict(), 4, 3),                                                 # 2 rows per thread + B's one scale
+    (dict(tile=(64, 128, 128), mode="pingpong"), 4, 3),
+    (dict(tile=(128, 64, 128), cluster=(2, 2)), 4, 3),
+    (dict(tile=(256, 64, 128)), 8, 5),                              # 128 rows per warpgroup: 4 rows per thread
+    (dict(split_k=2), 4, 3),
+    (dict(stream_k=True), 4, 3),
+])
+def test_ptx_promotes_each_k_tile_times_its_block_scales(sched, k_blocks, loads):
+    ptx = compiled_ptx(emitted(fp8("block", b_dtype="f8e5m2"), **sched))
+    bn = sched.get("tile", (128, 128))[1]
+    assert wgmma(ptx) == {f"m64n{bn}k32.f32.e4m3.e5m2"}
+    assert ptx.count("wgmma.mma_async") == k_blocks            # one k-tile of 128: K / 32 WGMMAs per atom row
+    assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+0;", ptx)  # each k-tile completes before its promotion
+    assert global_loads(ptx, "b32") == loads                   # the scales, each distinct one once
+    first_mma = ptx.index("wgmma.mma_async")
+    assert global_loads(ptx[:first_mma], "b32") == loads        # read before the stage wait and the MMA
+    rows, cols = sched.get("tile", (128, 128))[:2]
+    per_thread = rows * cols // (128 if sched.get("mode") == "pingpong" else 256)
+    promotion = ptx[first_mma:]
+    assert len(re.findall(r"fma\.rn\.f32", promotion)) >= per_thread  # acc += tile_acc * factor, per element
+
+
+def test_ptx_of_block_scaling_with_serial_split_k():
+    ptx = compiled_ptx(emitted(fp8("block", m=512), split_k=4))
+    assert len(re.findall(r"\.entry (\w+)", ptx)) == 2 and wgmma(ptx) == {"m64n128k32.f32.e4m3.e4m3"}
+
+
+@pytest.mark.parametrize("mode,sched", [("block", dict()), ("block", dict(split_k=2)),
+                                        ("row", dict(tile=(128, 256, 128)))])
+def test_admitted_fp8_tiles_compile_without_spills(mode, sched):
+    """The register model's budget (two accumulators under block scaling) holds: ptxas spills nothing."""
+    from gemmc.build import ptxas_report
+    reports = ptxas_report(emitted(fp8(mode), **sched))
+    assert reports and not any(r.spills for r in reports)

@@ -22,7 +22,7 @@ from .. import GRID_YZ_MAX, EmittedKernel, Param
 from ..common import (check_input_names, dsl_type, epilogue_math_lines, input_kernel_args, input_value_expr,
                       private_inputs, rebind_inputs, splitk_reduce)
 from .kernel import MODULES, source_digest
-from .scales import epilogue_with_scales, scale_params
+from .scales import epilogue_with_scales, scale_inputs, scale_params
 
 _SWIZZLE_KIND = {128: "SW128", 64: "SW64", 32: "SW32", 0: "INTER"}
 KERNEL_PACKAGE = "gemmc.backends.sm90.kernel"
@@ -182,7 +182,9 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                  + (", gate_function" if p.gate is not None else "") + ")")
     parts.append(_entry(plan, params, user_inputs, inputs, entry))
     source = "\n\n\n".join(parts) + "\n"
-    check_input_names(source, user_inputs, params, "SM90")
+    # the host entry takes the scales and the inputs by the user's names
+    block_scales = () if plan.scaling is None or plan.scaling.in_epilogue else scale_inputs(plan)
+    check_input_names(source, tuple(user_inputs) + block_scales, params, "SM90")
     return EmittedKernel(arch="sm_90a", source=source, entry=entry, params=params, compile_arch="sm_90a")
 
 
@@ -343,6 +345,9 @@ def _entry(plan: KernelPlan, params, user_inputs, inputs, entry: str) -> str:
     lines += ["    " + ln for ln in rebind_inputs(user_inputs, inputs)]
     if plan.swap_ab:
         lines.append("    # swapped A/B: the kernel computes out^T = b @ a^T (its A is b, its B is a)")
+    if plan.scaling is not None and not plan.scaling.in_epilogue:
+        lines.append("    # block-scaled fp8: the consumers promote each k-tile times these scales")
+        args.append(f"block_scales=({plan.scaling.a}, {plan.scaling.b})")
     lines.append(f"    KERNEL({', '.join(args)})")
     return "\n".join(lines)
 

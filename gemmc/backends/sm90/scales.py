@@ -20,8 +20,8 @@ from .. import Param
 
 @dataclass(frozen=True)
 class ScaleInput:
-    """A scale as the epilogue reads it: kind "col" (A's, one per row of the output), "row" (B's, one per
-    column) or "one" (a one-element tensor)."""
+    """A scale as the kernel reads it: kind "col" (A's, one per row of the output), "row" (B's, one per
+    column) or "one" (a one-element tensor) in the epilogue; "block" in the promotion."""
     name: str
     kind: str
     dtype: DType = DType.f32
@@ -37,6 +37,15 @@ def scale_params(plan: KernelPlan) -> list[Param]:
             for name, shape in zip((sc.a, sc.b), scale_shapes(sc.mode, p.m, p.n, p.k))]
 
 
+def scale_inputs(plan: KernelPlan) -> tuple[ScaleInput, ...]:
+    """The scales as the epilogue (per tensor, per row) reads them; under block scaling, the promotion."""
+    sc = plan.scaling
+    if sc is None:
+        return ()
+    kinds = {"tensor": ("one", "one"), "row": ("col", "row"), "block": ("block", "block")}[sc.mode]
+    return tuple(ScaleInput(name, kind) for name, kind in zip((sc.a, sc.b), kinds))
+
+
 def epilogue_with_scales(plan: KernelPlan) -> tuple[tuple, tuple]:
     """(inputs, ops) of the kernel's epilogue: the plan's, behind the scales' two multiplies where the scaling
     applies in the epilogue (the scales first among the inputs, as the kernel's params have them)."""
@@ -44,8 +53,7 @@ def epilogue_with_scales(plan: KernelPlan) -> tuple[tuple, tuple]:
     sc = plan.scaling
     if sc is None or not sc.in_epilogue:
         return inputs, ops
-    kinds = ("one", "one") if sc.mode == "tensor" else ("col", "row")
-    scales = tuple(ScaleInput(name, kind) for name, kind in zip((sc.a, sc.b), kinds))
+    scales = scale_inputs(plan)
     head = (EpilogueOp("mul", (Ref.acc(), Ref.input(sc.a))), EpilogueOp("mul", (Ref.node(0), Ref.input(sc.b))))
 
     def after_scales(r: Ref) -> Ref:      # the user's ops read the scaled accumulator (node 1)

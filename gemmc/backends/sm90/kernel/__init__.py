@@ -9,6 +9,7 @@ epilogue_dag, reduce_partials)` and calls it from its @cute.jit entry.
     scheduler.py  static persistent scheduler (raster, swizzle, split-K decode) and stream-K
     producer.py   TMA (multicast) loads into the smem ring; PDL prefetch and launch trigger
     consumer.py   WGMMA main loop, cooperative or ping-pong
+    promotion.py  the block-scaled fp8 main loop: each k-tile promoted into an f32 sum times its block scales
     fixup.py      in-kernel sums of split tiles' partials (split-K fix-up, stream-K)
     epilogue.py   the DAG on the accumulators, TMA store or direct store
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-MODULES = ("facts", "gemm", "scheduler", "producer", "consumer", "fixup", "epilogue")
+MODULES = ("facts", "gemm", "scheduler", "producer", "consumer", "promotion", "fixup", "epilogue")
 _DIR = Path(__file__).resolve().parent
 
 

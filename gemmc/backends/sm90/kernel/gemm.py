@@ -15,6 +15,9 @@ views out transposed.
 Gated (GATED): B is [gate; up] (2N x K), viewed as (N, K, 2); each stage holds a gate and an up tile of B
 (smem stages 2s and 2s + 1), the consumers run one WGMMA chain into each of two accumulators, and
 gate_function(gate, up) combines them in registers before the epilogue.
+fp8 (MMA_INST_K 32): the fp8 WGMMA. Per tensor and per row the scales are epilogue inputs; per block
+(BLOCK_SCALED) the consumers promote each k-tile's WGMMA accumulator into the f32 one times its block scales
+(promotion.py), the scales passed as block_scales.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from .epilogue import Epilogue
 from .facts import KernelFacts
 from .fixup import PartialSums
 from .producer import Producer
+from .promotion import PromotingMainLoop, Promotion
 from .scheduler import TileScheduler
 
 
@@ -38,7 +42,7 @@ def smem_layout(atom_kind, dtype, shape_2d, stages, major_is_k):
     return cute.tile_to_shape(atom, cute.append(shape_2d, stages), order=(0, 1, 2) if major_is_k else (1, 0, 2))
 
 
-class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
+class Sm90Gemm(TileScheduler, Producer, Consumer, PromotingMainLoop, PartialSums, Epilogue):
     def __init__(self, facts: KernelFacts, epilogue_dag=None, reduce_partials=None, gate_function=None):
         """epilogue_dag: the generated f32 function of one accumulator element (None: a plain store and cast);
         reduce_partials: the generated host function launching the split-K reduce kernel (REDUCE_KERNEL);
@@ -80,10 +84,11 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         return cute.make_tensor(t.iterator, cute.append(t.layout, cute.make_layout(1, stride=0)))
 
     @cute.jit
-    def __call__(self, a, b, out, inputs, workspace, semaphores, stream):
+    def __call__(self, a, b, out, inputs, workspace, semaphores, stream, block_scales=()):
         """a, b, out: the kernel's A (the problem's b when swapped), B and the output, in storage shape; inputs:
         the epilogue inputs (all of the plan's; the main kernel reads them unless a reduce kernel applies the
-        epilogue); workspace / semaphores: the split-K scratch (None where the plan has none)."""
+        epilogue); workspace / semaphores: the split-K scratch (None where the plan has none); block_scales:
+        a block-scaled fp8 kernel's A and B scales, (M, Kb) and (Nb, Kb)."""
         a_mkl = self.view(a, not self.A_MAJOR_IS_K)
         b_nkl = self.gated_view(b) if self.GATED else self.view(b, not self.B_MAJOR_IS_K)
         out_mnl = self.view(out, self.SWAP_AB)
@@ -150,7 +155,7 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         scratch = (workspace, semaphores) if cutlass.const_expr(self.SUMS_PARTIALS) else ()
 
         self.kernel(tma_a, tma_a_mkl, tma_b, tma_b_nkl, c_args, out_mnl, tiled_mma, a_smem, b_smem, c_smem, sched,
-                    shared_storage, scratch, kernel_inputs, staged).launch(
+                    shared_storage, scratch, kernel_inputs, staged, block_scales).launch(
             grid=grid, block=[self.THREADS, 1, 1], cluster=(*self.CLUSTER_MN, 1), min_blocks_per_mp=1,
             stream=stream, use_pdl=self.PDL)
         if cutlass.const_expr(self.REDUCE_KERNEL):
@@ -176,7 +181,7 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
     def kernel(self, tma_a: cute.CopyAtom, mA_mkl: cute.Tensor, tma_b: cute.CopyAtom, mB_nkl: cute.Tensor,
                c_args: tuple, out_mnl: cute.Tensor, tiled_mma: cute.TiledMma, a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout, c_smem: cute.ComposedLayout, sched: tuple,
-               SharedStorage: cutlass.Constexpr, scratch: tuple, inputs: tuple, staged: tuple):
+               SharedStorage: cutlass.Constexpr, scratch: tuple, inputs: tuple, staged: tuple, block_scales: tuple):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         warp_group_idx = cute.arch.make_warp_uniform(tidx // 128)
@@ -256,6 +261,10 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
             up_accumulators = cute.make_rmem_tensor(tCgC.shape[:3], self.ACC_DTYPE)
         consumer_tidx = self.consumer_tidx(tidx)
         thr_mma_c = tiled_mma.get_slice(consumer_tidx)
+        promo = None    # block-scaled fp8: each k-tile's WGMMA accumulator, promoted into `accumulators`
+        if cutlass.const_expr(self.BLOCK_SCALED):
+            promo = Promotion(cute.make_rmem_tensor(tCgC.shape[:3], self.ACC_DTYPE), *block_scales, cC_mnl,
+                              thr_mma_c, num_m)
 
         # PDL bands: grids of at most PDL_EARLY_CTAS or at least PDL_FULL_CTAS CTAs prefetch before the wait
         # (below) and let the next kernel in once their last load is issued; mid-sized grids measured slower
@@ -287,5 +296,5 @@ class Sm90Gemm(TileScheduler, Producer, Consumer, PartialSums, Epilogue):
         if warp_group_idx != self.PRODUCER_WG:
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.consume(ab_pipeline, walk, (consumer_tidx, warp_idx, warp_group_idx, consumer_wg), storage, tiled_mma,
-                         accumulators, up_accumulators, thr_mma_c, tCrA, tCrB, gC, cC_mnl, sC, c_args, out_mnl, scratch, inputs, staged,
-                         num_m, num_n)
+                         (accumulators, up_accumulators, promo), thr_mma_c, tCrA, tCrB, gC, cC_mnl, sC, c_args,
+                         out_mnl, scratch, inputs, staged, num_m, num_n)
