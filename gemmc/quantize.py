@@ -10,8 +10,23 @@ an nn.Linear weight). The scale is the dequantization factor, x ~ q * scale, as 
 """
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from .spec import SCALE_BLOCK, SCALINGS
 from .types import DType, torch_dtype
+
+
+class Quantized(NamedTuple):
+    """An fp8 operand with its dequantization scale (as `quantize` returns them)."""
+    q: Any
+    scale: Any
+
+    @property
+    def shape(self):
+        return self.q.shape
+
+    def dequantized(self):
+        return dequantize(self.q, self.scale)
 
 
 def _blocks(n: int) -> int:
