@@ -283,6 +283,13 @@ class GemmSpec:
         return self.dtype in FP8_DTYPES
 
     @property
+    def plain_scaled(self) -> bool:
+        """An fp8 GEMM torch._scaled_mm computes as it stands: per-tensor or per-row scales, no epilogue op (the
+        output cast aside). `auto` may run such a problem on torch._scaled_mm where that was measured faster."""
+        return (self.scaling is not None and self.scaling.mode in ("tensor", "row") and not self.epilogue
+                and not self.inputs)
+
+    @property
     def scale_shapes(self) -> tuple[tuple[Dim, ...], tuple[Dim, ...]]:
         """The shapes of A's and B's scales (() each without scaling): (1,) and (1,) per tensor; (M,) and (N,)
         per row; (M, ceil(K/128)) and (ceil(N/128), ceil(K/128)) per block."""

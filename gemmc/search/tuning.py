@@ -43,8 +43,9 @@ def tune(shapes, *, dtype: str, arch: str, strategy: str, budget: int, batch: in
     bar = tqdm(total=len(shapes) * (budget + confirm), desc=f"tune ({strategy})", unit="meas", file=sys.stderr,
                dynamic_ncols=True, disable=not progress)
     summary = []
+    from ..bench.fp8 import spec_kwargs
     for sh in shapes:
-        spec = GemmSpec(sh.m, sh.n, sh.k, dtype=dtype)
+        spec = GemmSpec(sh.m, sh.n, sh.k, **spec_kwargs(dtype))     # dtype "fp8-<scaling>": an fp8 GEMM
         problem = SearchProblem.of(spec, arch)
         # one per schedule: confirm rows add none
         stored = db.prior(spec, arch, gpu_name, version=__version__ if fresh else None)
