@@ -29,6 +29,7 @@ HAS_GPU = _has_gpu()
 SLOW_MODULES = frozenset({
     "test_bench.py", "test_build.py", "test_build_audit.py", "test_cache_robustness.py", "test_cache_dir.py",
     "test_call_path.py", "test_cta_trace_script.py", "test_docs.py", "test_docs_pytorch.py", "test_examples.py",
+    "test_fp8_gpu_script.py", "test_fp8_kernel.py",
     "test_gpu_floor_script.py", "test_llama_bench.py", "test_nn_swap_hf.py", "test_power_clock_script.py",
     "test_pretuned.py", "test_search_builder.py", "test_search_cli.py", "test_search_cli_errors.py",
     "test_search_gpu_policy.py", "test_search_robustness.py", "test_search_simulate_real.py",
@@ -41,6 +42,8 @@ SLOW_TESTS = frozenset({     # "module::test" (every parametrization of it)
     "test_cli.py::test_compile_unknown_pass",
     "test_cli.py::test_python_dash_m_gemmc",
     "test_compiler.py::test_compile_is_deterministic_and_fast_for_random_problems",
+    "test_fp8_reference.py::test_the_bound_leaves_room_over_a_simulated_kernel",
+    "test_fp8_reference.py::test_the_bound_passes_a_simulated_fp8_kernel_and_fails_a_wrong_one",
     "test_heuristic.py::test_decode_fills_the_machine",
     "test_heuristic.py::test_decode_takes_the_measured_swap_rule",
     "test_heuristic.py::test_heuristic_pick_is_valid_for_any_shape",

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from gemmc.bench import cli, suites, timing
-from gemmc.bench.fp8 import (baseline, blockwise_torch, fp8_dtype, fp8_scaling, make_fp8_input_sets, scaled_mm,
-                             spec_kwargs)
+from gemmc.bench.fp8 import baseline, blockwise_torch, fp8_dtype, fp8_scaling, scaled_mm, spec_kwargs
+from gemmc.bench.timing import make_fp8_input_sets
 from gemmc.errors import GemmcError
 from gemmc.quantize import Quantized, dequantize
 

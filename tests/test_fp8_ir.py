@@ -166,3 +166,15 @@ def test_every_enumerated_fp8_schedule_lowers():
 def test_an_invalid_fp8_schedule_is_refused_before_lowering():
     with pytest.raises(ScheduleError, match="tile K \\(block scaling\\): got 64"):
         gemmc.compile(fp8("block"), schedule=Schedule(tile=(128, 128, 64)), emit="ir")
+
+
+def test_gemmc_compile_prints_an_fp8_kernels_ir(capsys):
+    from gemmc import cli
+    rc = cli.main(["compile", "--m", "M", "--n", "7168", "--k", "7168", "--dtype", "f8e4m3", "--b-dtype", "f8e5m2",
+                   "--scaling", "block", "--tile", "128x128x128"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "kernel.gemm @gemm(%a, %b) scaled block(%scale_a, %scale_b) acc f32" in out
+    assert "!gemmc.tensor<7168 x 7168 x f8e5m2, nk>" in out and "kernel.scaling block promote 128" in out
+    assert cli.main(["compile", "--m", "64", "--n", "64", "--k", "64", "--scaling", "row"]) == 1
+    assert "scaling='row' with bf16 inputs" in capsys.readouterr().err

@@ -55,19 +55,6 @@ def quantized_operand(rows: int, cols: int, mode: str, weight: bool, device, gen
     return Quantized(*quantize(x, mode, weight=weight))
 
 
-def make_fp8_input_sets(shape, mode: str, device, n_sets: int, seed: int = 0):
-    """The harness's InputSets with Quantized A and B (their scales beside them) and bf16 output slots."""
-    from .timing import InputSets, _slots, set_bytes
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    m, n, k = shape.m, shape.n, shape.k
-    out_gemmc, block = _slots(n_sets, m, n, OUT_DTYPE, device)
-    return InputSets(a=[quantized_operand(m, k, mode, False, device, gen) for _ in range(n_sets)],
-                     b=[quantized_operand(n, k, mode, True, device, gen) for _ in range(n_sets)],
-                     out_gemmc=out_gemmc, out_cublas=_slots(n_sets, m, n, OUT_DTYPE, device)[0],
-                     set_bytes=set_bytes(shape, 1, OUT_DTYPE.itemsize), gemmc_block=block)
-
-
 def fp8_call(kernel):
     """`kernel` (a compiled fp8 GEMM: a, b, scale_a, scale_b) as the harness calls a GEMM."""
     def call(a: Quantized, b: Quantized, out=None):

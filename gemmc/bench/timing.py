@@ -190,6 +190,20 @@ def make_input_sets(shape: Shape, dtype: torch.dtype, device, n_sets: int, seed:
     )
 
 
+def make_fp8_input_sets(shape: Shape, mode: str, device, n_sets: int, seed: int = 0) -> InputSets:
+    """InputSets of fp8 operands (gemmc.quantize.Quantized: e4m3 values and their `mode` scales, from
+    gemmc.bench.fp8.quantized_operand) and bf16 output slots."""
+    from .fp8 import OUT_DTYPE, quantized_operand
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    m, n, k = shape.m, shape.n, shape.k
+    out_gemmc, block = _slots(n_sets, m, n, OUT_DTYPE, device)
+    return InputSets(a=[quantized_operand(m, k, mode, False, device, gen) for _ in range(n_sets)],
+                     b=[quantized_operand(n, k, mode, True, device, gen) for _ in range(n_sets)],
+                     out_gemmc=out_gemmc, out_cublas=_slots(n_sets, m, n, OUT_DTYPE, device)[0],
+                     set_bytes=set_bytes(shape, 1, OUT_DTYPE.itemsize), gemmc_block=block)
+
+
 def l2_bytes_of(device=None) -> int:
     """The device's L2 size from torch, or 60 MB (H100/H200) when it cannot say."""
     try:
@@ -579,7 +593,7 @@ def run_bench(shapes: Sequence[Shape], policy, cfg: TimingConfig, *, dtype: str 
     from tqdm import tqdm
 
     from ..types import as_dtype, torch_dtype
-    from .fp8 import baseline, fp8_call, fp8_scaling, make_fp8_input_sets
+    from .fp8 import baseline, fp8_call, fp8_scaling
 
     fp8 = fp8_scaling(dtype)        # "fp8-<scaling>": quantized operands, a torch fp8 baseline (bench/fp8.py)
     tdtype = torch_dtype(as_dtype(dtype)) if fp8 is None else torch.float8_e4m3fn

@@ -133,8 +133,9 @@ def _first_usable_neighbour(tdb, conc: GemmSpec, arch: str, near: list, whys: di
 
 
 def neighbour_step(tdb, conc: GemmSpec, arch: str, gpu_name: Optional[str], passed: list) -> Optional[Decision]:
-    """Step 3: a tuned neighbour's pick, else the policy's, else a farther tuned shape's; None when none
-    answers. The neighbours' picks passed over are appended to `passed`, nearest first."""
+    """Step 3: a tuned neighbour's pick, else the policy's (not for fp8: its features have no fp8), else a farther
+    tuned shape's; None when none answers. The neighbours' picks passed over are appended to `passed`, nearest
+    first."""
     far = _farther(tdb, conc, arch, gpu_name)
     whys: dict = {}
     here: dict = {}
@@ -142,7 +143,8 @@ def neighbour_step(tdb, conc: GemmSpec, arch: str, gpu_name: Optional[str], pass
     e = _first_usable_neighbour(tdb, conc, arch, close, whys, here, passed)
     if e is not None:
         return Decision(e.schedule, "nearest", detail=f"tuned {_shape_of(e)}")
-    pol = _policy(tdb, gpu_name)
+    # the policy's features encode bf16/f16 problems only (gemmc.choose.features): an fp8 one is not asked
+    pol = _policy(tdb, gpu_name) if not conc.is_fp8 else None
     if pol is not None:
         feasible = enumerate_schedules(conc, arch)
         if feasible:

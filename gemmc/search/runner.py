@@ -80,7 +80,7 @@ class Runner:
             shape = Shape(spec.m, spec.n, spec.k)
             n = input_set_count(shape, spec.dtype.bytes, l2_bytes_of(), self.timing.l2_factor, self.timing.max_sets)
             if mode is not None:        # fp8: quantized operands with their scales (gemmc.bench.fp8)
-                from ..bench.fp8 import make_fp8_input_sets
+                from ..bench.timing import make_fp8_input_sets
                 self._sets[key] = (shape, make_fp8_input_sets(shape, mode, self.device, n, self.timing.seed))
             else:
                 self._sets[key] = (shape, make_input_sets(shape, torch_dtype(spec.dtype), self.device, n,

@@ -22,7 +22,7 @@ from .. import GRID_YZ_MAX, EmittedKernel, Param
 from ..common import (check_input_names, dsl_type, epilogue_math_lines, input_kernel_args, input_value_expr,
                       private_inputs, rebind_inputs, splitk_reduce)
 from .kernel import MODULES, source_digest
-from .scales import epilogue_with_scales, scale_inputs, scale_params
+from .scales import epilogue_with_scales, scale_inputs, scale_shapes_of
 
 _SWIZZLE_KIND = {128: "SW128", 64: "SW64", 32: "SW32", 0: "INTER"}
 KERNEL_PACKAGE = "gemmc.backends.sm90.kernel"
@@ -86,7 +86,7 @@ def params_of(plan: KernelPlan) -> tuple[Param, ...]:
     b_shape = (b_rows, p.k) if p.b_major == "k" else (p.k, p.n)
     out = [Param("a", "tensor", p.a_dtype, lead + a_shape, role="a"),
            Param("b", "tensor", p.b_dtype, lead + b_shape, role="b"),
-           *scale_params(plan),
+           *(Param(name, "tensor", DType.f32, shape, role="scale") for name, shape in scale_shapes_of(plan)),
            # the serial split-K reduce kernel's grid y extent is the batch (the persistent grid has no such limit)
            Param("out", "tensor", p.out_dtype, lead + (p.m, p.n), role="out",
                  limits=((0, GRID_YZ_MAX),) if lead and plan.scheduler.split_k > 1

@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from ...ir.plan import KernelPlan
 from ...spec import EpilogueOp, Ref, scale_shapes
 from ...types import DType
-from .. import Param
 
 
 @dataclass(frozen=True)
@@ -27,14 +26,13 @@ class ScaleInput:
     dtype: DType = DType.f32
 
 
-def scale_params(plan: KernelPlan) -> list[Param]:
-    """A's and B's scales, f32 tensors of the scaling's shapes (none without scaling). Read one f32 at a time:
-    role "scale" asks only 4-byte alignment of them (gemmc.build, gemmc.runtime)."""
+def scale_shapes_of(plan: KernelPlan) -> list[tuple]:
+    """(name, shape) of A's and B's scales, f32 tensors of the scaling's shapes (none without scaling): the
+    kernel's params of role "scale", read one f32 at a time (4-byte alignment: gemmc.build, gemmc.runtime)."""
     sc, p = plan.scaling, plan.problem
     if sc is None:
         return []
-    return [Param(name, "tensor", DType.f32, shape, role="scale")
-            for name, shape in zip((sc.a, sc.b), scale_shapes(sc.mode, p.m, p.n, p.k))]
+    return list(zip((sc.a, sc.b), scale_shapes(sc.mode, p.m, p.n, p.k)))
 
 
 def scale_inputs(plan: KernelPlan) -> tuple[ScaleInput, ...]:
