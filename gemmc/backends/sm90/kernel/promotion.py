@@ -21,7 +21,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
-from ....spec import SCALE_BLOCK
+from gemmc.spec import SCALE_BLOCK     # absolute: scripts load edited copies of these modules elsewhere
 
 
 class Promotion(NamedTuple):
@@ -47,7 +47,9 @@ class PromotingMainLoop:
         tile_acc = promo.tile_acc
         num_k_blocks = cute.size(tCrA, mode=[2])
         tCcC = promo.thr_mma.partition_C(promo.coords[(None, None, work.tile_m, work.tile_n, work.tile_l)])
-        n_block = work.tile_n * self.TILE_MNK[1] // SCALE_BLOCK     # B's scale block of the tile's columns
+        # B's scale block of the tile's columns (clamped: a cluster's padding tiles lie past N, their A rows past M
+        # or their B rows past N load zeros)
+        n_block = cutlass.min(work.tile_n * self.TILE_MNK[1] // SCALE_BLOCK, cute.size(promo.sb, mode=[0]) - 1)
         for kt in range(work.k_count):
             # this k-tile's scales, one factor per accumulator element: read before the wait
             factors = self.block_scale_factors(promo, tCcC, n_block, work.k_begin + kt, cute.size(accumulators))
