@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from .errors import SpecError
-from .types import (ACC_DTYPES, EPILOGUE_INPUT_DTYPES, FP8_A_DTYPES, FP8_B_DTYPES, FP8_DTYPES, INPUT_DTYPES,
-                    OPERAND_DTYPES, OUTPUT_DTYPES, DType, as_dtype)
+from .types import (ACC_DTYPES, EPILOGUE_INPUT_DTYPES, FP8_A_DTYPES, FP8_B_DTYPES, FP8_DTYPES, OPERAND_DTYPES,
+                    OUTPUT_DTYPES, DType, as_dtype)
 
 Dim = Union[int, str]
 

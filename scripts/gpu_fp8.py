@@ -230,10 +230,11 @@ def baseline_calls(mode, sets):
     return calls, bf16
 
 
-def speed(mode: str, fns: dict, shapes, dev, log):
+def speed(mode: str, fns: dict, shapes, dev, log, rows=None, save=lambda: None):
+    """Time each shape (module doc); rows are appended to `rows` as they come, `save` called after each."""
     import torch
     from gemmc.quantize import dequantize
-    rows = []
+    rows = [] if rows is None else rows
     for (m, n, k) in shapes:
         if WATCHDOG:
             WATCHDOG.arm(f"timing {mode} {m}x{n}x{k}", 180)
@@ -263,6 +264,7 @@ def speed(mode: str, fns: dict, shapes, dev, log):
         row["best_tflops"] = flops / row[best + "_s"] / 1e12
         row["ratio_vs_torch"] = row["torch_s"] / row[best + "_s"]
         rows.append(row)
+        save()
         log(f"  {mode} {m}x{n}x{k}: torch {row['torch_tflops']:.0f} TF/s, best {best} {row['best_tflops']:.0f} "
             f"TF/s, ratio {row['ratio_vs_torch']:.3f} | "
             + " ".join(f"{nm}={flops / row[nm + '_s'] / 1e12:.0f}" for nm in fns)
@@ -358,10 +360,15 @@ def main():
                 msg = f"{tag}: {type(e).__name__}: {str(e)[:2000]}"
                 report["errors"].append(msg)
                 log("ERROR " + msg)
+    def save():     # after each phase: a run cut short by a time limit keeps what it measured
+        (out_dir / "fp8_results.json").write_text(json.dumps(report, indent=1))
+        (out_dir / "fp8_log.txt").write_text("\n".join(lines) + "\n")
+
     if not args.compile_only:
         import torch
         dev = torch.device("cuda")
         report["device"] = torch.cuda.get_device_name()
+        save()
         if not args.no_check:
             for tag, (name, spec, fn) in fns.items():
                 try:
@@ -369,16 +376,17 @@ def main():
                 except Exception as e:
                     report["errors"].append(f"{tag} (run): {type(e).__name__}: {str(e)[:2000]}")
                     log(f"ERROR {tag} (run): {type(e).__name__}: {str(e)[:500]}")
+            save()
         if not (args.no_timing or args.only):
             speed_shapes = parse(args.speed_shapes) if args.speed_shapes else SPEED_SHAPES
             for mode in modes:
                 try:
-                    report["speed"] += speed(mode, speed_kernels(mode), speed_shapes, dev, log)
+                    speed(mode, speed_kernels(mode), speed_shapes, dev, log, report["speed"], save)
                 except Exception as e:
                     report["errors"].append(f"speed {mode}: {type(e).__name__}: {str(e)[:2000]}")
                     log(f"ERROR speed {mode}: {type(e).__name__}: {str(e)[:500]}")
-    (out_dir / "fp8_results.json").write_text(json.dumps(report, indent=1))
-    (out_dir / "fp8_log.txt").write_text("\n".join(lines) + "\n")
+                save()
+    save()
     # short table last
     print("\n== summary ==")
     fails = [c for c in report["check"] if not c["ok"]]
