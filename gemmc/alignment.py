@@ -14,3 +14,14 @@ ALIGN_BYTES = 16
 def alignment_elems(dtype: DType) -> int:
     """Elements of `dtype` per 16 bytes: what a contiguous extent and every other stride must divide by."""
     return max(1, ALIGN_BYTES // dtype.bytes)
+
+
+# kernel params read one 4-byte element at a time, where only that element's own alignment matters: fp8 scales
+# (role "scale", f32) and a grouped GEMM's offsets or counts (int32)
+ELEMENTWISE_ROLES = ("scale", "group_offsets", "group_counts")
+ELEMENT_ALIGN_BYTES = 4
+
+
+def param_align_bytes(role: str) -> int:
+    """The alignment a kernel param's data pointer and strides need, in bytes."""
+    return ELEMENT_ALIGN_BYTES if role in ELEMENTWISE_ROLES else ALIGN_BYTES

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .alignment import alignment_elems
+from .alignment import alignment_elems, param_align_bytes
 from .backends import GROUP_ROLES, EmittedKernel, Param
 from .cache import (STALE_S, Artifact, KernelCache, cache_key, default_cache, default_cache_dir,
                     dsl_version_from_metadata, share, unwritable_cache_error, versions)
@@ -142,7 +142,7 @@ def dim_divisibility(params) -> dict[str, int]:
     batched = is_batched(params)
     div: dict[str, int] = {}
     for p in params:
-        if p.kind != "tensor":
+        if p.kind != "tensor" or p.role == "scale":    # fp8 scales are read one f32 at a time
             continue
         if p.role in GROUP_ROLES:      # a grouped GEMM's offsets or counts: any length
             div.update({d: div.get(d, 1) for d in p.shape if isinstance(d, str)})
@@ -191,11 +191,12 @@ def fake_arguments(emitted: EmittedKernel) -> list:
                 raise BuildError(f"tensor param {p.name!r} has no shape")
             c = contiguous_index(p)
             shape = tuple(_fake_extent(d, syms) for d in p.shape)
-            stride = tuple(1 if i == c else cute.sym_int64(divisibility=alignment_elems(p.dtype))
+            align = param_align_bytes(p.role)
+            stride = tuple(1 if i == c else cute.sym_int64(divisibility=max(1, align // p.dtype.bytes))
                            for i in range(len(shape)))
-            # a grouped GEMM's offsets or counts are read an int32 at a time: any 4-byte aligned view will do
+            # fp8 scales and a grouped GEMM's offsets or counts are read 4 bytes at a time (param_align_bytes)
             fakes.append(cute.runtime.make_fake_tensor(_cutlass_dtype(p.dtype), shape, stride,
-                                                       assumed_align=4 if p.role in GROUP_ROLES else 16))
+                                                       assumed_align=align))
         elif p.kind in ("workspace", "semaphore"):
             fakes.append(cute.runtime.make_fake_compact_tensor(
                 _cutlass_dtype(p.dtype), (cute.sym_int(divisibility=4 if p.kind == "workspace" else 1),),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from .cli import add_problem_and_schedule_args, schedule_from_args
+from .cli import add_problem_and_schedule_args, schedule_from_args, spec_from_args
 from .errors import GemmcError
 from .output_file import check_output_file, make_parent
 
@@ -47,12 +47,10 @@ def run_build(args) -> int:
     # with the PTX on stdout, the status lines go to stderr: `gemmc build ... --ptx - > k.ptx` is PTX alone
     status = sys.stderr if args.ptx == "-" else sys.stdout
     from .compiler import as_cache_dir, compile
-    from .spec import GemmSpec
 
     # every kernel (each M bucket's too) goes into --cache-dir, and `auto` reads the tuning DB there
     cache_dir = as_cache_dir(args.cache_dir, flag="--cache-dir") if args.cache_dir else None
-    spec = GemmSpec(m=args.m, n=args.n, k=args.k, batch=args.batch, dtype=args.dtype, out_dtype=args.out_dtype,
-                    acc_dtype=args.acc_dtype, a_layout=args.a_layout, b_layout=args.b_layout, name=args.name)
+    spec = spec_from_args(args)
     # flags edit the --schedule pick, as in `gemmc compile`; auto's from that cache's tuning DB
     schedule, _ = schedule_from_args(args, spec, cache_dir=cache_dir)
     k = compile(spec, schedule=schedule, arch=args.arch, cache_dir=cache_dir)

@@ -68,8 +68,11 @@ def add_problem_and_schedule_args(p) -> None:
     prob.add_argument("--n", type=_dim, default="N")
     prob.add_argument("--k", type=_dim, default="K")
     prob.add_argument("--batch", type=_dim, default=None, help="leading batch dim L (int or name)")
-    prob.add_argument("--dtype", default="bf16", help="A/B element type: bf16 | f16")
-    prob.add_argument("--out-dtype", default=None, help="output type (default: --dtype)")
+    prob.add_argument("--dtype", default="bf16", help="A/B element type: bf16 | f16 | f8e4m3 (with --scaling)")
+    prob.add_argument("--b-dtype", default=None, help="B's element type where it differs: f8e5m2 with fp8 A")
+    prob.add_argument("--scaling", default=None, choices=("tensor", "row", "block"),
+                      help="fp8 scales (named scale_a, scale_b): per tensor, per row, or per block (DeepSeek-V3)")
+    prob.add_argument("--out-dtype", default=None, help="output type (default: --dtype; bf16 for fp8)")
     prob.add_argument("--acc-dtype", default="f32")
     prob.add_argument("--a-layout", default="mk", choices=("mk", "km"))
     prob.add_argument("--b-layout", default="nk", choices=("nk", "kn"))
@@ -164,12 +167,18 @@ def _bucket_runs(table):
     return [(range_label(lo, None if i == len(runs) - 1 else hi), d) for i, (lo, hi, d) in enumerate(runs)]
 
 
+def spec_from_args(args):
+    """The GemmSpec the problem flags describe (`gemmc compile` and `gemmc build`)."""
+    from .spec import GemmSpec
+    return GemmSpec(m=args.m, n=args.n, k=args.k, batch=args.batch, dtype=args.dtype, out_dtype=args.out_dtype,
+                    acc_dtype=args.acc_dtype, a_layout=args.a_layout, b_layout=args.b_layout, name=args.name,
+                    b_dtype=args.b_dtype, scaling=args.scaling)
+
+
 def run_compile(args) -> int:
     from .compiler import compile
-    from .spec import GemmSpec
 
-    spec = GemmSpec(m=args.m, n=args.n, k=args.k, batch=args.batch, dtype=args.dtype, out_dtype=args.out_dtype,
-                    acc_dtype=args.acc_dtype, a_layout=args.a_layout, b_layout=args.b_layout, name=args.name)
+    spec = spec_from_args(args)
     schedule, base = schedule_from_args(args, spec)
     if base is not None:            # which pick the flags edited
         flagged = ", ".join(f for f in SCHEDULE_FLAGS if getattr(args, f) is not None)

@@ -147,8 +147,11 @@ class CompiledGemm:
     @functools.cached_property
     def cublas_route(self):
         """The route `auto` takes where cuBLAS won: torch.matmul behind the kernel's own argument checks
-        (`CublasRoute`)."""
+        (`CublasRoute`); for an fp8 GEMM, torch._scaled_mm (gemmc.scaled_mm.ScaledMmRoute)."""
         self._need_kernel("calling the kernel")
+        if self.spec.scaling is not None:
+            from .scaled_mm import ScaledMmRoute
+            return ScaledMmRoute(self.spec, self.emitted.params, name=self.emitted.entry, signature=self.signature)
         return CublasRoute(self.spec, self.emitted.params, name=self.emitted.entry, signature=self.signature)
 
     @property
@@ -311,7 +314,7 @@ def output_casts(spec: GemmSpec) -> Optional[tuple]:
     for a plain GEMM, and a spec whose epilogue only casts the accumulator (an output dtype of its own, a
     chain of casts) has them. None: the epilogue computes something (or reads an input), which only a
     kernel runs."""
-    if spec.inputs:
+    if spec.inputs or spec.scaling is not None:     # fp8: torch.matmul cannot run it (torch._scaled_mm may)
         return None
     casts = []
     for i, op in enumerate(spec.epilogue):

@@ -21,6 +21,14 @@ S = |A| @ |B| (the sum of |a_k b_k|) and u_t the unit roundoff of type t (2^-8 b
 The bound is SAFETY x (that + half the output type's subnormal spacing).
 A grouped GEMM's reference (`grouped_reference_and_bound`) is each group's, computed as a plain GEMM of its rows
 and its weight; rows of no group are NaN, which an unwritten NaN-filled output matches and a written one fails.
+
+fp8 (a spec with a scaling): the reference multiplies the dequantized operands (`gemmc.quantize.dequantize`,
+fp8 values times their f32 scales) in fp32, so the inputs' fp8 rounding is not an error of the kernel's: only
+its accumulation and output rounding remain. The fp8 tensor cores add each MMA's K = 32 exact products into a
+sum they keep at reduced precision (about 14 mantissa bits on Hopper, as DeepSeek-V3 reports; truncated),
+promoted into f32 only by the kernel: the accumulator term counts those K / 32 roundings at
+u = FP8_ACCUMULATION_U, sqrt(K / 32) (u + u_f32) S (tests/test_fp8_reference.py checks it against a simulated
+kernel). `extra` holds A's and B's scales first, as the kernel takes them.
 """
 from __future__ import annotations
 
@@ -30,6 +38,10 @@ import math
 from .spec import GemmSpec
 from .types import DType, torch_dtype
 
+# the fp8 tensor cores' sum between promotions: its unit roundoff (about 14 bits kept, truncated: 2^-13), once
+# per MMA of K = FP8_MMA_K products
+FP8_ACCUMULATION_U = 2.0 ** -13
+FP8_MMA_K = 32
 SAFETY = 2.0            # x the whole bound: room for model slack (the accumulator term already has >= 5x)
 FN_EPS = 2.0 ** -16     # per transcendental op, relative to |f(x)| + |x|: ~250 ulp of f32 for two libm calls,
                         # and |x| covers the cancellation in 0.5 x (1 + tanh/erf(.)) at large negative x
@@ -40,7 +52,8 @@ LIPSCHITZ = {"relu": 1.0, "clamp": 1.0, "tanh": 1.0, "sigmoid": 0.25, "silu": 1.
 
 def make_inputs(spec: GemmSpec, m: int, n: int, k: int, batch: int = 1, device="cuda", generator=None):
     """randn A, B (storage shapes of the spec's layouts) and the epilogue inputs, in spec order
-    (tensors get a leading batch dim when the spec is batched; scalars are Python floats)."""
+    (tensors get a leading batch dim when the spec is batched; scalars are Python floats). fp8: A and B
+    quantized from randn with their scaling's scales (gemmc.quantize), which lead `extra`."""
     import torch
     lead = (batch,) if spec.batch is not None else ()
     dt = torch_dtype(spec.dtype)
@@ -48,10 +61,14 @@ def make_inputs(spec: GemmSpec, m: int, n: int, k: int, batch: int = 1, device="
     def randn(shape, dtype):
         return torch.randn(shape, device=device, dtype=torch.float32, generator=generator).to(dtype)
 
-    a = randn(lead + ((m, k) if spec.a_layout == "mk" else (k, m)), dt)
-    b_rows = 2 * n if spec.gate is not None else n      # gated: [gate; up]
-    b = randn(lead + ((b_rows, k) if spec.b_layout == "nk" else (k, n)), dt)
     extra = []
+    if spec.scaling is not None:
+        a, b, scales = fp8_operands(spec, m, n, k, randn)
+        extra += scales
+    else:
+        a = randn(lead + ((m, k) if spec.a_layout == "mk" else (k, m)), dt)
+        b_rows = 2 * n if spec.gate is not None else n      # gated: [gate; up]
+        b = randn(lead + ((b_rows, k) if spec.b_layout == "nk" else (k, n)), dt)
     for i, inp in enumerate(spec.inputs):
         if inp.kind == "scalar":
             extra.append(0.5 + 0.25 * i)
@@ -114,6 +131,25 @@ def grouped_reference_and_bound(spec: GemmSpec, a, b, groups, extra):
         target = (slice(row0, row0 + rows),) if spec.group_layout == "contiguous" else (g, slice(0, rows))
         ref[target], bound[target] = r, e
     return ref, bound
+def fp8_operands(spec: GemmSpec, m: int, n: int, k: int, randn):
+    """(a, b, [sa, sb]) of an fp8 spec: randn rows with a spread of magnitudes (each row of A and B, and each
+    128-column block of A, times 2^[-4, 4)), so that per-row and per-block scales differ, quantized per the
+    spec's scaling. `randn(shape, dtype)` draws."""
+    import torch
+    from .quantize import quantize
+    if (spec.a_layout, spec.b_layout) != ("mk", "nk"):
+        raise ValueError(f"fp8 inputs are made for A [M, K] and B [N, K] (a_layout 'mk', b_layout 'nk'); got "
+                         f"{spec.a_layout}, {spec.b_layout}")
+
+    def spread(rows, cols):
+        x = randn((rows, cols), torch.float32)
+        row = torch.exp2(torch.floor(8 * randn((rows, 1), torch.float32).sigmoid()) - 4)
+        block = torch.exp2(torch.floor(8 * randn((1, -(-cols // 128)), torch.float32).sigmoid()) - 4)
+        return x * row * block.repeat_interleave(128, dim=1)[:, :cols]
+
+    a, sa = quantize(spread(m, k), spec.scaling.mode, spec.dtype)
+    b, sb = quantize(spread(n, k), spec.scaling.mode, spec.b_dtype, weight=True)
+    return a, b, [sa, sb]
 
 
 # ---- fp32 matmuls ---------------------------------------------------------------------------------
@@ -183,9 +219,12 @@ def _tiny(dtype) -> float:
     return max(fi.smallest_normal * fi.eps / 2, torch.finfo(torch.float32).smallest_normal)
 
 
-def accumulation_bound(abs_product, k: int, acc_dtype=DType.f32):
-    """E = sqrt(K) (u_acc + u_f32) |A| @ |B|: the kernel's accumulation error plus the fp32 reference's own.
+def accumulation_bound(abs_product, k: int, acc_dtype=DType.f32, fp8: bool = False):
+    """E = sqrt(K) (u_acc + u_f32) |A| @ |B|: the kernel's accumulation error plus the fp32 reference's own;
+    `fp8`: sqrt(K / 32) (FP8_ACCUMULATION_U + u_f32) |A| @ |B|, the fp8 tensor cores' (module doc).
     Scales `abs_product` in place and returns it."""
+    if fp8:
+        return abs_product.mul_(math.sqrt(max(1, k / FP8_MMA_K)) * (FP8_ACCUMULATION_U + unit_roundoff(DType.f32)))
     return abs_product.mul_(math.sqrt(k) * (unit_roundoff(acc_dtype) + unit_roundoff(DType.f32)))
 
 
@@ -196,10 +235,10 @@ def output_bound(ref, err, out_dtype):
     return err.mul_(1 + u).add_(ref.abs(), alpha=u).add_(_tiny(out_dtype)).mul_(SAFETY)
 
 
-def gemm_bound(ref, abs_product, k: int, out_dtype, acc_dtype=DType.f32):
+def gemm_bound(ref, abs_product, k: int, out_dtype, acc_dtype=DType.f32, fp8: bool = False):
     """The elementwise bound of a plain GEMM (no epilogue) from its fp32 reference and |A| @ |B|
-    (whose storage it takes)."""
-    return output_bound(ref, accumulation_bound(abs_product, k, acc_dtype), out_dtype)
+    (whose storage it takes); `fp8`: of dequantized fp8 operands (accumulation_bound)."""
+    return output_bound(ref, accumulation_bound(abs_product, k, acc_dtype, fp8=fp8), out_dtype)
 
 
 def _unary(name: str):
@@ -213,13 +252,17 @@ def _unary(name: str):
 def _evaluate(spec: GemmSpec, a, b, extra, with_bound: bool):
     import torch
 
+    if spec.scaling is not None:    # the dequantized fp8 operands (module doc); the scales lead `extra`
+        from .quantize import dequantize
+        (sa, sb), extra = extra[:2], extra[2:]
+        a, b = dequantize(a, sa), dequantize(b, sb)
     with fp32_matmul():   # a true fp32 reference
         a32 = a.float() if spec.a_layout == "mk" else a.float().transpose(-2, -1)   # (.., M, K)
         b32 = b.float().transpose(-2, -1) if spec.b_layout == "nk" else b.float()   # (.., K, N)
         acc = torch.matmul(a32, b32)
         err_acc = torch.matmul(a32.abs(), b32.abs()) if with_bound else None
     if with_bound:
-        err_acc = accumulation_bound(err_acc, a32.shape[-1], spec.acc_dtype)
+        err_acc = accumulation_bound(err_acc, a32.shape[-1], spec.acc_dtype, fp8=spec.scaling is not None)
     del a32, b32
     if spec.gate is not None:     # gate(A @ B[:N].T) * (A @ B[N:].T), its error propagated as the ops' are
         acc, err_acc = _gated(spec.gate, acc, err_acc)

@@ -12,6 +12,8 @@ With `groups` (E) and `group_layout`, one launch runs E GEMMs (mixture-of-expert
   "masked": A is E x M x K and the output E x M x N (M: the most rows a group holds); an int32 device tensor
     `counts` of E entries gives group g its first counts[g] rows
   Output rows outside every group (contiguous) or past a group's count (masked) are not written.
+fp8 (`dtype` f8e4m3, `b_dtype` f8e4m3 or f8e5m2) takes f32 scales (`scaling`, a `Scaling`): the accumulator the
+  epilogue reads is the dequantized product, sum_k (sa * A)[m, k] (sb * B)[k, n], accumulated in f32.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from .errors import SpecError
-from .types import ACC_DTYPES, EPILOGUE_INPUT_DTYPES, INPUT_DTYPES, OUTPUT_DTYPES, DType, as_dtype
+from .types import (ACC_DTYPES, EPILOGUE_INPUT_DTYPES, FP8_A_DTYPES, FP8_B_DTYPES, FP8_DTYPES, OPERAND_DTYPES,
+                    OUTPUT_DTYPES, DType, as_dtype)
 
 Dim = Union[int, str]
 
@@ -42,10 +45,49 @@ GROUP_LAYOUTS = ("contiguous", "masked")
 GROUP_OPERANDS = {"contiguous": "offsets", "masked": "counts"}
 
 
+# fp8 scalings: one scale per tensor, per row of A and column of B, or DeepSeek-V3's blocks (1 x 128 of A,
+# 128 x 128 of B); SCALE_BLOCK is the block's K (and B's N) extent
+SCALINGS = ("tensor", "row", "block")
+SCALE_BLOCK = 128
+RESERVED_NAMES = ("a", "b", "out", "acc")
+
+
 def _dtype_hint(dtype: DType) -> str:
     if dtype.bits == 8:
-        return " (fp8 is reserved for a later release)"
+        return " (fp8 is an operand dtype only: A and B, with their scales)"
     return " (i32 is for runtime counters only)" if dtype == DType.i32 else ""
+
+
+def _is_name(x) -> bool:
+    return isinstance(x, str) and bool(_IDENT.match(x)) and not keyword.iskeyword(x) and x not in RESERVED_NAMES
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """How an fp8 GEMM's f32 scales dequantize A and B, and the names its two scale inputs are passed by.
+      tensor  one scale each: A's and B's are one-element tensors         out = sa * sb * (A @ B)
+      row     A's per row (M,), B's per output column (N,)              out[m, n] = sa[m] * sb[n] * (A @ B)[m, n]
+      block   A's per 1 x 128 block, (M, ceil(K/128)); B's per 128 x 128 block, (ceil(N/128), ceil(K/128))
+              (DeepSeek-V3): out[m, n] = sum_kb sa[m, kb] * sb[n // 128, kb] * (A @ B over k-block kb)[m, n]
+    Scales are f32, contiguous; `scale_shapes` gives each one's shape."""
+    mode: str
+    a: str = "scale_a"
+    b: str = "scale_b"
+
+    def __post_init__(self):
+        if self.mode not in SCALINGS:
+            raise SpecError(f"scaling mode {self.mode!r}: use one of {SCALINGS} (one scale per tensor; per row of A "
+                            "and column of B; per 1x128 block of A and 128x128 block of B)")
+        for side in ("a", "b"):
+            if not _is_name(getattr(self, side)):
+                raise SpecError(f"scaling: {side}={getattr(self, side)!r} names a scale input: use an identifier "
+                                f"other than {', '.join(RESERVED_NAMES)} and Python's keywords")
+        if self.a == self.b:
+            raise SpecError(f"scaling: A's and B's scales are both named {self.a!r}; give them two names")
+
+    @property
+    def names(self) -> tuple[str, str]:
+        return self.a, self.b
 
 
 @dataclass(frozen=True)
@@ -57,8 +99,7 @@ class EpilogueInput:
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", as_dtype(self.dtype, EPILOGUE_INPUT_DTYPES))
-        if (not isinstance(self.name, str) or not _IDENT.match(self.name) or keyword.iskeyword(self.name)
-                or self.name in ("a", "b", "out", "acc")):
+        if not _is_name(self.name):
             raise SpecError(f"epilogue input name {self.name!r} must be an identifier other than a, b, out, acc "
                             "and Python's keywords")
         if self.kind not in INPUT_KINDS:
@@ -114,6 +155,16 @@ class EpilogueOp:
         return dict(self.attrs).get(name, default)
 
 
+def scale_shapes(mode: str, m: Dim, n: Dim, k: Dim) -> tuple[tuple[Dim, ...], tuple[Dim, ...]]:
+    """A's and B's scale shapes under `mode` for an M x N x K problem (block scaling needs static N and K)."""
+    if mode == "tensor":
+        return (1,), (1,)
+    if mode == "row":
+        return (m,), (n,)
+    blocks = lambda d: -(-d // SCALE_BLOCK)  # noqa: E731
+    return (m, blocks(k)), (blocks(n), blocks(k))
+
+
 def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
@@ -162,6 +213,8 @@ class GemmSpec:
     gate: str | None = None            # a GATE_ACTIVATIONS name: B is [gate; up] (2N x K), see the module doc
     groups: Dim | None = None          # a grouped GEMM's group count E (experts), see the module doc
     group_layout: str | None = None    # a GROUP_LAYOUTS name, with `groups`
+    b_dtype: DType | None = None       # defaults to `dtype`; fp8 A (e4m3) takes an e4m3 or e5m2 B
+    scaling: Scaling | str | None = None   # fp8 only: a Scaling, or its mode (scales named scale_a, scale_b)
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
@@ -169,15 +222,22 @@ class GemmSpec:
             set_(d, _check_dim(d, getattr(self, d)))
         if self.batch is not None:
             set_("batch", _check_dim("batch", self.batch))
-        set_("dtype", as_dtype(self.dtype, INPUT_DTYPES))
+        set_("dtype", as_dtype(self.dtype, OPERAND_DTYPES))
+        set_("b_dtype", as_dtype(self.b_dtype, OPERAND_DTYPES) if self.b_dtype is not None else self.dtype)
         set_("acc_dtype", as_dtype(self.acc_dtype, ACC_DTYPES))
-        set_("out_dtype", as_dtype(self.out_dtype, OUTPUT_DTYPES) if self.out_dtype is not None else self.dtype)
+        # fp8 outputs are not written: an fp8 GEMM's output defaults to bf16
+        default_out = DType.bf16 if self.dtype in FP8_DTYPES else self.dtype
+        set_("out_dtype", as_dtype(self.out_dtype, OUTPUT_DTYPES) if self.out_dtype is not None else default_out)
+        if isinstance(self.scaling, str):
+            set_("scaling", Scaling(self.scaling))
         set_("inputs", tuple(self.inputs))
         set_("epilogue", tuple(self.epilogue))
-        if self.dtype not in INPUT_DTYPES:
-            raise SpecError(f"input dtype {self.dtype} is not supported{_dtype_hint(self.dtype)}; use bf16 or f16")
+        if self.dtype not in OPERAND_DTYPES:
+            raise SpecError(f"input dtype {self.dtype} is not supported{_dtype_hint(self.dtype)}; use bf16 or f16 "
+                            "(or f8e4m3 with scales)")
         if self.acc_dtype not in ACC_DTYPES:
             raise SpecError(f"accumulator dtype {self.acc_dtype} is not supported; use f32 (or f16 with f16 inputs)")
+        self._check_fp8()
         if self.acc_dtype == DType.f16 and self.dtype != DType.f16:
             raise SpecError(f"f16 accumulation needs f16 inputs (the tensor cores have no {self.dtype}->f16 MMA); "
                             "use acc_dtype='f32'")
@@ -193,6 +253,63 @@ class GemmSpec:
         self._check_gate()
         self._check_groups()
         self._check_epilogue()
+
+    def _check_fp8(self):
+        """fp8 operands come with a Scaling (and only they do), A e4m3 and B e4m3 or e5m2, an f32 accumulator
+        and a bf16/f16/f32 output; bf16/f16 GEMMs take one dtype for A and B."""
+        fp8 = self.dtype in FP8_DTYPES
+        if not fp8:
+            if self.b_dtype != self.dtype:
+                raise SpecError(f"b_dtype={self.b_dtype.value!r} with dtype={self.dtype.value!r}: the tensor cores "
+                                f"have no mixed {self.dtype}/{self.b_dtype} MMA; give A and B one dtype (mixed fp8 "
+                                "is f8e4m3 A with an f8e5m2 B)")
+            if self.scaling is not None:
+                raise SpecError(f"scaling={self.scaling.mode!r} with {self.dtype} inputs: scales dequantize fp8 "
+                                "operands; use dtype='f8e4m3' (b_dtype 'f8e4m3' or 'f8e5m2'), or drop scaling")
+            return
+        if self.dtype not in FP8_A_DTYPES or self.b_dtype not in FP8_B_DTYPES:
+            raise SpecError(f"fp8 operands {self.dtype} @ {self.b_dtype}: A is f8e4m3 and B f8e4m3 or f8e5m2 (e5m2's "
+                            "range is for gradients, on the B side)")
+        if self.scaling is None:
+            raise SpecError(f"{self.dtype} inputs need scales: pass scaling='tensor', 'row' or 'block' (a "
+                            "gemmc.Scaling names the scale inputs; in the DSL, "
+                            "gemmc.scaled(x, sx) @ gemmc.scaled(w, sw).T)")
+        if not isinstance(self.scaling, Scaling):
+            raise SpecError(f"scaling={self.scaling!r}: use a gemmc.Scaling or one of {SCALINGS}")
+        wrong = [f"{what} (use {need})" for what, ok, need in (
+            (f"acc_dtype={self.acc_dtype.value!r}", self.acc_dtype == DType.f32, "'f32': fp8 MMAs accumulate in f32"),
+            (f"gate={self.gate!r}", self.gate is None, "gate=None"),
+            (f"batch={self.batch!r}", self.batch is None, "batch=None, one call per batch"),
+            (f"groups={self.groups!r}", self.groups is None, "groups=None: grouped fp8 GEMMs are not built yet; "
+             "dequantize to bf16 for a grouped GEMM"),
+        ) if not ok]
+        if self.scaling.mode == "block":
+            wrong += [f"{d}={getattr(self, d)!r} (use a static {d.upper()}: the block scales' shape counts its "
+                      f"{SCALE_BLOCK}-blocks)" for d in ("n", "k") if not isinstance(getattr(self, d), int)]
+        if wrong:
+            raise SpecError(f"an fp8 GEMM ({self.scaling.mode} scaling) takes " + ", ".join(wrong))
+        clash = [x for x in self.scaling.names if x in {i.name for i in self.inputs}]
+        if clash:
+            raise SpecError(f"scale input {clash[0]!r} has the name of an epilogue input; rename one of them")
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype in FP8_DTYPES
+
+    @property
+    def plain_scaled(self) -> bool:
+        """An fp8 GEMM torch._scaled_mm computes as it stands: per-tensor or per-row scales, no epilogue op (the
+        output cast aside). `auto` may run such a problem on torch._scaled_mm where that was measured faster."""
+        return (self.scaling is not None and self.scaling.mode in ("tensor", "row") and not self.epilogue
+                and not self.inputs)
+
+    @property
+    def scale_shapes(self) -> tuple[tuple[Dim, ...], tuple[Dim, ...]]:
+        """The shapes of A's and B's scales (() each without scaling): (1,) and (1,) per tensor; (M,) and (N,)
+        per row; (M, ceil(K/128)) and (ceil(N/128), ceil(K/128)) per block."""
+        if self.scaling is None:
+            return (), ()
+        return scale_shapes(self.scaling.mode, self.m, self.n, self.k)
 
     def _check_gate(self):
         if self.gate is None:
@@ -318,7 +435,8 @@ class GemmSpec:
 
     @property
     def has_epilogue(self) -> bool:
-        return bool(self.epilogue) or self.out_dtype != self.dtype or self.gate is not None
+        return (bool(self.epilogue) or self.out_dtype != self.dtype or self.gate is not None
+                or self.scaling is not None)
 
     def flops(self, m: int | None = None, n: int | None = None, k: int | None = None, batch: int = 1) -> float:
         dims = [m if m is not None else self.m, n if n is not None else self.n, k if k is not None else self.k]

@@ -10,8 +10,7 @@ class DType(str, enum.Enum):
     bf16 = "bf16"
     f16 = "f16"
     f32 = "f32"
-    # Reserved: the IR and the predicate accept the name so fp8 can be added without
-    # a format change; every backend rejects it today.
+    # fp8 operands (SM90): A is e4m3, B e4m3 or e5m2 (gradients), each with f32 scales (GemmSpec.scaling)
     f8e4m3 = "f8e4m3"
     f8e5m2 = "f8e5m2"
     # Runtime-owned counters only (the split-K fix-up's per-tile semaphores); no operand or output is i32.
@@ -38,6 +37,12 @@ _ALIASES = {
 }
 
 INPUT_DTYPES = (DType.bf16, DType.f16)
+# fp8 operands: A's dtype, B's (e5m2 holds gradients' range); they need scales, accumulate in f32
+FP8_DTYPES = (DType.f8e4m3, DType.f8e5m2)
+FP8_A_DTYPES = (DType.f8e4m3,)
+FP8_B_DTYPES = (DType.f8e4m3, DType.f8e5m2)
+# every dtype A or B may have (an unknown name's error lists these)
+OPERAND_DTYPES = INPUT_DTYPES + FP8_DTYPES
 ACC_DTYPES = (DType.f32, DType.f16)
 OUTPUT_DTYPES = (DType.bf16, DType.f16, DType.f32)
 # tensors the epilogue reads besides the accumulator (bias, residual, scale): loaded and widened to f32
@@ -75,4 +80,4 @@ def as_arch(value: str) -> str:
 def torch_dtype(dtype: DType):
     import torch
     return {DType.bf16: torch.bfloat16, DType.f16: torch.float16, DType.f32: torch.float32,
-            DType.i32: torch.int32}[dtype]
+            DType.i32: torch.int32, DType.f8e4m3: torch.float8_e4m3fn, DType.f8e5m2: torch.float8_e5m2}[dtype]

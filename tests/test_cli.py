@@ -142,7 +142,7 @@ def test_compile_help_describes_the_flags(capsys):
 
 def test_unknown_dtype_lists_only_what_the_role_takes(capsys):
     rc, _, err = gemmc_cmd(capsys, "compile", "--m", "64", "--n", "64", "--k", "64", "--dtype", "i32")
-    assert rc == 1 and err.strip() == "gemmc compile: error: unknown dtype 'i32'; use one of: bf16, f16"
+    assert rc == 1 and err.strip() == "gemmc compile: error: unknown dtype 'i32'; use one of: bf16, f16, f8e4m3, f8e5m2"
     rc, _, err = gemmc_cmd(capsys, "compile", "--m", "64", "--n", "64", "--k", "64", "--out-dtype", "i32")
     assert rc == 1 and err.strip().endswith("use one of: bf16, f16, f32")
 

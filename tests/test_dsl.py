@@ -400,10 +400,10 @@ def test_error_dtype_mix_bf16_f16():
     expect_error(g, "mixes dtypes bf16 @ f16")
 
 
-def test_error_fp8_inputs():
+def test_error_fp8_inputs_without_scales():
     def g(a: T[("M", "K"), "f8e4m3"], b: T[("K", "N"), "f8e4m3"]):
         return a @ b  # error here
-    expect_error(g, "fp8", "not supported")
+    expect_error(g, "fp8 operand(s) a, b without scales", "gemmc.scaled(x, sx) @ gemmc.scaled(w, sw).T")
 
 
 def test_error_f16_accumulate_with_bf16():
@@ -528,8 +528,14 @@ def test_error_torch_functional_points_at_the_users_line(name):
 
 def test_error_unknown_gemmc_dtype_points_at_the_users_line():
     def g(a: T[("M", "K"), bf16], b: T[("N", "K"), bf16]):
+        return (a @ b.T).to(gemmc.int8)  # error here
+    expect_error(g, "AttributeError", "int8")
+
+
+def test_error_fp8_output_dtype():
+    def g(a: T[("M", "K"), bf16], b: T[("N", "K"), bf16]):
         return (a @ b.T).to(gemmc.f8e4m3)  # error here
-    expect_error(g, "AttributeError", "f8e4m3")
+    expect_error(g, "output dtype f8e4m3: use bf16, f16 or f32")
 
 
 def test_error_operand_named_out():

@@ -102,7 +102,7 @@ def test_dsl_and_spec_refuse_non_finite_constants_alike():
             return (x @ w.T) * float("inf")
 
 
-@pytest.mark.parametrize("dtype,hint", [("f8e4m3", "(fp8 is reserved for a later release)"),
+@pytest.mark.parametrize("dtype,hint", [("f8e4m3", "(fp8 is an operand dtype only: A and B, with their scales)"),
                                         (DType.i32, "(i32 is for runtime counters only)")])
 def test_epilogue_input_dtypes_are_checked_in_the_spec(dtype, hint):
     with pytest.raises(SpecError, match=f"epilogue input 'bias' has dtype {dtype} " + hint.replace("(", r"\(")
@@ -118,7 +118,7 @@ def test_epilogue_input_names_are_not_python_keywords(name):
         EpilogueInput(name, "scalar")
 
 
-@pytest.mark.parametrize("field,accepted", [("dtype", "bf16, f16"), ("out_dtype", "bf16, f16, f32"),
+@pytest.mark.parametrize("field,accepted", [("dtype", "bf16, f16, f8e4m3, f8e5m2"), ("out_dtype", "bf16, f16, f32"),
                                             ("acc_dtype", "f32, f16")])
 def test_unknown_dtype_lists_what_the_role_takes(field, accepted):
     with pytest.raises(SpecError) as err:

@@ -25,7 +25,8 @@ from ..schedule import SPLITK_REDUCE_COLUMNS
 from ..spec import EpilogueInput, EpilogueOp, Ref
 from ..types import DType
 
-DSL_TYPE = {DType.bf16: "cutlass.BFloat16", DType.f16: "cutlass.Float16", DType.f32: "cutlass.Float32"}
+DSL_TYPE = {DType.bf16: "cutlass.BFloat16", DType.f16: "cutlass.Float16", DType.f32: "cutlass.Float32",
+            DType.f8e4m3: "cutlass.Float8E4M3FN", DType.f8e5m2: "cutlass.Float8E5M2"}
 
 _SQRT_2_OVER_PI = 0.7978845608028654
 _INV_SQRT_2 = 0.7071067811865476
@@ -56,7 +57,7 @@ def check_input_names(source: str, inputs: Sequence[EpilogueInput], params, back
     name of the kernel module (cute, TILE_MNK, gemm_kernel ...) breaks the module."""
     if not inputs:          # nothing to clash: no parse of the module
         return
-    module_names = {q.name for q in params if q.role not in ("input", "scalar")} | {"stream"}
+    module_names = {q.name for q in params if q.role not in ("input", "scalar", "scale")} | {"stream"}
     for node in ast.parse(source).body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             module_names |= {(a.asname or a.name).split(".")[0] for a in node.names}
@@ -161,6 +162,8 @@ def input_value_expr(inp: EpilogueInput, m: str, n: str, l: str, suffix: str = "
     if inp.kind == "scalar":
         return f"cutlass.Float32({inp.name})"
     v = inp.name + suffix
+    if inp.kind == "one":       # a one-element tensor (an fp8 per-tensor scale)
+        return f"cutlass.Float32({v}[0].to(cutlass.Float32))"
     idx = {"row": f"({n}, {l})", "col": f"({m}, {l})", "full": f"({m}, {n}, {l})"}[inp.kind]
     return f"cutlass.Float32({v}[{idx}].to(cutlass.Float32))"
 

@@ -34,7 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="heuristic",
                    help="heuristic | auto | a fixed schedule like 128x256x64_c2x1_coop|pp[_s4][_rn][_sw8][_k2]"
                         "[_nopdl][_swap][_streamk] (default heuristic)")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "f16"), help="input and output dtype (default bf16)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "f16", "fp8"),
+                   help="input and output dtype (default bf16); fp8: e4m3 A and B with --scaling's scales, bf16 out, "
+                        "against torch._scaled_mm (per tensor, per row) or a torch blockwise implementation")
+    p.add_argument("--scaling", choices=("tensor", "row", "block"),
+                   help="with --dtype fp8 (required there): one scale per tensor, per row of A and column of B, or "
+                        "per 1x128 block of A and 128x128 block of B (DeepSeek-V3)")
     p.add_argument("--arch", default="sm_90a",
                    help="target arch passed to gemmc.compile: sm_90a | sm_80 (default sm_90a)")
     p.add_argument("--repeats", type=int, default=10, help="timed units per side (default 10)")
@@ -126,6 +131,18 @@ def check_numbers(args) -> None:
             raise GemmcError(f"--{flag.replace('_', '-')} must be >= 0 (seconds; 0 turns it off)")
 
 
+def problem_dtype(args) -> str:
+    """The bench's dtype name: bf16, f16, or fp8-<scaling> (gemmc.bench.fp8); --scaling goes with fp8 only."""
+    if args.dtype != "fp8":
+        if args.scaling is not None:
+            raise GemmcError(f"--scaling {args.scaling} scales fp8 inputs: add --dtype fp8, or drop --scaling")
+        return args.dtype
+    if args.scaling is None:
+        raise GemmcError("--dtype fp8 needs --scaling tensor, row or block (how the fp8 inputs are scaled)")
+    from .fp8 import fp8_dtype
+    return fp8_dtype(args.scaling)
+
+
 def check_flag_conflicts(args) -> None:
     if args.plot and args.no_plot:
         raise GemmcError(f"--plot {args.plot} and --no-plot contradict each other: drop one")
@@ -149,7 +166,8 @@ def check_policy_fits(policy, shapes, dtype: str) -> None:
         return
     first = None
     for sh in shapes:
-        problems = check_schedule(policy, GemmSpec(m=sh.m, n=sh.n, k=sh.k, dtype=dtype))
+        from .fp8 import spec_kwargs
+        problems = check_schedule(policy, GemmSpec(m=sh.m, n=sh.n, k=sh.k, **spec_kwargs(dtype)))
         if not problems:
             return
         first = first or (sh, problems)
@@ -237,6 +255,7 @@ def run(args) -> int:
 
     try:
         args.arch = as_arch(args.arch)
+        args.dtype = problem_dtype(args)
         check_numbers(args)
         check_flag_conflicts(args)
         policy = parse_policy(args.policy, args.arch)

@@ -19,7 +19,8 @@ from typing import Callable, Iterable, Optional
 
 def symbolic_spec(dtype: str = "bf16"):
     import gemmc
-    return gemmc.GemmSpec(m="M", n="N", k="K", dtype=dtype)
+    from .fp8 import spec_kwargs
+    return gemmc.GemmSpec(m="M", n="N", k="K", **spec_kwargs(dtype))
 
 
 def compile_job(job: dict, dtype: str = "bf16", arch: str = "sm_90a"):
@@ -28,7 +29,8 @@ def compile_job(job: dict, dtype: str = "bf16", arch: str = "sm_90a"):
     static shape with 'heuristic' / 'auto' / a Schedule dict)."""
     import gemmc
     if "policy" in job:
-        spec = gemmc.GemmSpec(m=job["m"], n=job["n"], k=job["k"], dtype=dtype)
+        from .fp8 import spec_kwargs      # "fp8-<scaling>": an fp8 GEMM with that scaling
+        spec = gemmc.GemmSpec(m=job["m"], n=job["n"], k=job["k"], **spec_kwargs(dtype))
         policy = job["policy"]
         # a recorded schedule is run on the bench's arch (compile refuses an arch that contradicts it)
         schedule = policy if isinstance(policy, str) else gemmc.Schedule.from_dict(policy).with_(arch=arch)

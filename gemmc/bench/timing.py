@@ -29,6 +29,7 @@ from typing import Callable, Optional, Protocol, Sequence
 
 import torch
 
+from ..quantize import Quantized
 from ..reference import error_figures, fp32_matmul, gemm_bound, rel_frobenius
 from ..schedule import Schedule
 from .stats import summarize, tflops
@@ -189,6 +190,20 @@ def make_input_sets(shape: Shape, dtype: torch.dtype, device, n_sets: int, seed:
     )
 
 
+def make_fp8_input_sets(shape: Shape, mode: str, device, n_sets: int, seed: int = 0) -> InputSets:
+    """InputSets of fp8 operands (gemmc.quantize.Quantized: e4m3 values and their `mode` scales, from
+    gemmc.bench.fp8.quantized_operand) and bf16 output slots."""
+    from .fp8 import OUT_DTYPE, quantized_operand
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    m, n, k = shape.m, shape.n, shape.k
+    out_gemmc, block = _slots(n_sets, m, n, OUT_DTYPE, device)
+    return InputSets(a=[quantized_operand(m, k, mode, False, device, gen) for _ in range(n_sets)],
+                     b=[quantized_operand(n, k, mode, True, device, gen) for _ in range(n_sets)],
+                     out_gemmc=out_gemmc, out_cublas=_slots(n_sets, m, n, OUT_DTYPE, device)[0],
+                     set_bytes=set_bytes(shape, 1, OUT_DTYPE.itemsize), gemmc_block=block)
+
+
 def l2_bytes_of(device=None) -> int:
     """The device's L2 size from torch, or 60 MB (H100/H200) when it cannot say."""
     try:
@@ -218,12 +233,13 @@ class Reference:
 
 def reference_with_bound(a: torch.Tensor, b: torch.Tensor, out_dtype=None) -> Reference:
     """`reference(a, b)` and gemmc.reference's bound for an output of `out_dtype` (default a's): two fp32
-    matmuls, the second of |a| and |b|."""
+    matmuls, the second of |a| and |b|. fp8 operands (gemmc.quantize.Quantized) are dequantized first."""
+    fp8 = isinstance(a, Quantized)
     with fp32_matmul():
-        a32, b32 = a.float(), b.float()
+        a32, b32 = (a.dequantized(), b.dequantized()) if fp8 else (a.float(), b.float())
         ref = a32 @ b32.T
         abs_product = a32.abs() @ b32.abs().T
-    return Reference(ref, gemm_bound(ref, abs_product, a.shape[-1], out_dtype or a.dtype))
+    return Reference(ref, gemm_bound(ref, abs_product, a.shape[-1], out_dtype or a.dtype, fp8=fp8))
 
 
 def check_output(fn: Kernel, a, b, out, ref) -> float:
@@ -577,8 +593,12 @@ def run_bench(shapes: Sequence[Shape], policy, cfg: TimingConfig, *, dtype: str 
     from tqdm import tqdm
 
     from ..types import as_dtype, torch_dtype
+    from .fp8 import baseline, fp8_call, fp8_scaling
 
-    tdtype = torch_dtype(as_dtype(dtype))
+    fp8 = fp8_scaling(dtype)        # "fp8-<scaling>": quantized operands, a torch fp8 baseline (bench/fp8.py)
+    tdtype = torch_dtype(as_dtype(dtype)) if fp8 is None else torch.float8_e4m3fn
+    if fp8 is not None and cublas is cublas_matmul:
+        cublas = baseline(fp8)
     built = {}
     if compile_fn is None:
         if compile_workers > 1 and len(shapes) > 1:
@@ -618,9 +638,10 @@ def run_bench(shapes: Sequence[Shape], policy, cfg: TimingConfig, *, dtype: str 
         sets = None
         try:
             n_sets = input_set_count(shape, elem, l2, cfg.l2_factor, cfg.max_sets)
-            sets = make_input_sets(shape, tdtype, device, n_sets, cfg.seed)
+            sets = (make_input_sets(shape, tdtype, device, n_sets, cfg.seed) if fp8 is None
+                    else make_fp8_input_sets(shape, fp8, device, n_sets, cfg.seed))
             rec.update(rotation_fields(sets, l2, cfg))
-            rec.update(bench_shape(shape, kernel, sets, clock, cfg, cublas))
+            rec.update(bench_shape(shape, kernel if fp8 is None else fp8_call(kernel), sets, clock, cfg, cublas))
         except Exception as e:
             rec.update(status="run_error", error=f"{type(e).__name__}: {e}")
         finally:

@@ -13,6 +13,9 @@ for the problem or its figure rests on an older gemmc's rows and this gemmc fail
 steps 3 and 4 the next neighbour, where the pick is invalid here, or (step 3) failed to build or run on the
 neighbour or on this problem, or failed its check on this problem. `detail` names what was passed over.
 
+A plain fp8 GEMM (per-tensor or per-row scales, no epilogue op: GemmSpec.plain_scaled) goes to torch._scaled_mm
+where the DB measured it faster on this exact problem (the fp8 rows' "cuBLAS" time is torch._scaled_mm's); no
+shipped table or neighbour holds fp8 measurements yet.
 A plain GEMM goes to torch.matmul when cuBLAS was measured faster on this exact problem (the DB's or the
 table's), or on the table's neighbour, or (at the heuristic step) at any of the 5 nearest shapes the table
 measured (its checks of the heuristic's own picks where any lies near, else its tuned entries; for another
@@ -38,7 +41,7 @@ from typing import Optional
 from ..spec import GemmSpec
 from ..types import as_arch
 from .db_steps import db_decision, db_exact, neighbour_step, open_db, skip_db, with_passed_neighbours
-from .decision import Decision, concrete
+from .decision import BLOCKWISE_KEEPS_THE_KERNEL, Decision, concrete
 from .gpu import target_gpu
 from .grouped import grouped_decision
 from .shipped_steps import heuristic_decision, pretuned_decision, shipped_table
@@ -83,7 +86,9 @@ def _decide(spec: GemmSpec, conc: Optional[GemmSpec], arch: str, tdb, exact, tab
             gpu_name: Optional[str]) -> Decision:
     """The documented order (module docstring), given the DB's usable exact entry and the shipped table."""
     if exact is not None:                                               # 1. the DB, this exact problem
-        return db_decision(exact, plain=not conc.has_epilogue)
+        blockwise = conc.scaling is not None and conc.scaling.mode == "block" and not conc.epilogue
+        return db_decision(exact, plain=not conc.has_epilogue or conc.plain_scaled,
+                           **({"keeps": BLOCKWISE_KEEPS_THE_KERNEL} if blockwise else {}))
     shipped = pretuned_decision(table, conc)
     if shipped is not None and shipped[1]:                              # 2. the shipped table, this shape
         return shipped[0]

@@ -133,8 +133,9 @@ def _first_usable_neighbour(tdb, conc: GemmSpec, arch: str, near: list, whys: di
 
 
 def neighbour_step(tdb, conc: GemmSpec, arch: str, gpu_name: Optional[str], passed: list) -> Optional[Decision]:
-    """Step 3: a tuned neighbour's pick, else the policy's, else a farther tuned shape's; None when none
-    answers. The neighbours' picks passed over are appended to `passed`, nearest first."""
+    """Step 3: a tuned neighbour's pick, else the policy's (not for fp8: its features have no fp8), else a farther
+    tuned shape's; None when none answers. The neighbours' picks passed over are appended to `passed`, nearest
+    first."""
     far = _farther(tdb, conc, arch, gpu_name)
     whys: dict = {}
     here: dict = {}
@@ -142,7 +143,8 @@ def neighbour_step(tdb, conc: GemmSpec, arch: str, gpu_name: Optional[str], pass
     e = _first_usable_neighbour(tdb, conc, arch, close, whys, here, passed)
     if e is not None:
         return Decision(e.schedule, "nearest", detail=f"tuned {_shape_of(e)}")
-    pol = _policy(tdb, gpu_name)
+    # the policy's features encode bf16/f16 problems only (gemmc.choose.features): an fp8 one is not asked
+    pol = _policy(tdb, gpu_name) if not conc.is_fp8 else None
     if pol is not None:
         feasible = enumerate_schedules(conc, arch)
         if feasible:
@@ -163,9 +165,10 @@ def with_passed_neighbours(d: Decision, passed: list) -> Decision:
     return replace(d, detail="; ".join(x for x in (d.detail, "passed over the DB's neighbour picks " + named) if x))
 
 
-def db_decision(e, plain: bool) -> Decision:
-    """Step 1: the DB's best of this exact problem (a gemmc.choose.tuning_db.BestEntry); torch.matmul for a plain
-    GEMM whose paired speed-up is below 1."""
+def db_decision(e, plain: bool, keeps: str = EPILOGUE_KEEPS_THE_KERNEL) -> Decision:
+    """Step 1: the DB's best of this exact problem (a gemmc.choose.tuning_db.BestEntry); torch.matmul (an fp8
+    GEMM's torch._scaled_mm) for a plain GEMM whose paired speed-up is below 1; `keeps`: why any other keeps the
+    kernel when the baseline was faster."""
     slower = e.speedup is not None and e.speedup < 1.0
     where = f"{e.n_measured} measured, {e.gpu_name}" + _stale_note(e)
     if e.speedup is None:
@@ -173,7 +176,7 @@ def db_decision(e, plain: bool) -> Decision:
     return Decision(e.schedule, "db", use_cublas=slower and plain,
                     detail=f"paired {e.speedup:.3f}x: {e.time_us:.2f} us vs cuBLAS {e.cublas_us:.2f} us, "
                            f"{'median' if e.n_rows >= 3 else 'geomean'} of {e.n_rows} row{'s' if e.n_rows > 1 else ''} "
-                           f"({where})" + (f"; {EPILOGUE_KEEPS_THE_KERNEL}" if slower and not plain else ""))
+                           f"({where})" + (f"; {keeps}" if slower and not plain else ""))
 
 
 def _stale_note(e) -> str:

@@ -12,6 +12,11 @@ SOURCES = ("db", "pretuned", "policy", "nearest", "heuristic", "alignment")
 
 EPILOGUE_KEEPS_THE_KERNEL = ("cuBLAS was faster, but the fused epilogue keeps the kernel (cuBLAS would need extra "
                              "passes)")
+# an fp8 problem's "cuBLAS" is torch's fp8 GEMM (gemmc.bench.fp8): per block, a torch implementation, not a route
+BLOCKWISE_KEEPS_THE_KERNEL = ("torch's blockwise implementation was faster, but torch._scaled_mm takes no blockwise "
+                              "scales here: the kernel runs")
+FP8_HEURISTIC_NOTE = ("no fp8 measurements yet: the heuristic's model (fitted on bf16 sweeps; fp8's peak doubled) "
+                      "picks, and torch._scaled_mm runs only where a tuning DB measured it faster")
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,11 @@ per input element, split-K factor S, batch L, P the SM count (`num_sms`, default
      next kernel launch late and skips the L2 prefetch; `MID_BAND_SWAPS` (unpaired, 128-row: half the CTAs,
      in the early band).
 
+12. fp8 on sm_90a: the same model over the fp8 space (K tiles 64/128; block scaling: 128, `ScheduleSpace.for_fp8`),
+   with the fp8 tensor cores' twice the 16-bit peak (FP8_PEAK_FACTOR), 1-byte operands, and under block scaling
+   each k-tile's promotion after its MMA: BM*BN f32 FMAs (plus the scales' per-element multiplies in the
+   epilogue per tensor / per row, as epilogue ops). No fp8 sweep has fitted it yet: steps 7-10's bf16 rules
+   apply where the fp8 predicate takes their schedules.
 11. Gated GEMMs on sm_90a (`spec.gate`, N >= 8192 outputs, K >= 2048), before everything: `GATED_PICKS`, the
    H200 sweep's best tile per M band at Llama-3-8B's gate/up (N 14336, K 4096). The model (which prices a gated
    tile as the plain tile of twice its N) picks elsewhere. Up to GATED_UNFUSED_MAX_M rows the torch op runs
@@ -85,7 +90,7 @@ from dataclasses import dataclass, replace
 from ..errors import ScheduleError
 from ..schedule import (ARCH_LIMITS, L2_FIELDS, Schedule, ScheduleSpace, ab_stage_bytes, accumulator_regs,
                         check_schedule, default_schedule, enumerate_schedules, kernel_grid, pdl_trigger_bands,
-                        resolve_stages)
+                        promotion_interval, resolve_stages)
 from ..spec import GemmSpec
 from ..types import as_arch
 
@@ -165,6 +170,9 @@ MACHINES = {
 }
 
 
+# fp8 tensor cores run twice the dense 16-bit FLOP/s (H100/H200: 1979 vs 989 TFLOP/s)
+FP8_PEAK_FACTOR = 2.0
+
 EPILOGUE_OP_COST = {"add": 1, "sub": 1, "mul": 1, "div": 4, "relu": 1, "clamp": 1, "cast": 1,
                     "sigmoid": 8, "silu": 8, "tanh": 8, "gelu_tanh": 8, "gelu_erf": 12}
 
@@ -240,7 +248,7 @@ def estimate(s: Schedule, spec: GemmSpec, num_sms: int | None = None, m_hint: in
     e = spec.dtype.bytes
     stages = resolve_stages(s, spec)
     sm90 = s.arch == "sm_90a"
-    per_sm_flops = mach.peak_flops / mach.num_sms
+    per_sm_flops = mach.peak_flops / mach.num_sms * (FP8_PEAK_FACTOR if spec.is_fp8 else 1.0)
     per_sm_l2 = mach.l2_bw / mach.num_sms
 
     # 1. grid and waves
@@ -257,6 +265,8 @@ def estimate(s: Schedule, spec: GemmSpec, num_sms: int | None = None, m_hint: in
     t_l2 = l2_bytes / per_sm_l2
     t_k = max(t_mma, t_l2) + 0.1 * min(t_mma, t_l2) + mach.t_iter + mach.t_sync * (cs - 1)
     t_k *= 1 + 0.05 * max(0, 4 - stages)
+    if promotion_interval(spec):    # block-scaled fp8: each k-tile's promotion follows its MMA
+        t_k += bm * bn / mach.alu_per_sm
     mainloop = k_iters * t_k
 
     # 3. epilogue (+ split-K fix-up) of one unit
@@ -311,14 +321,16 @@ MEASURED_MAX_ACC_REGS = 168
 UNMEASURED_TILE_N = (208,)
 
 
-def heuristic_space(arch: str, m: int | None = None) -> ScheduleSpace:
-    """The space the heuristic picks from: the arch's standard space, on sm_90a cut to what the H200
-    sweeps measured (no 2x2 clusters; split-K 1, 2, 3, 4, 6, 8), where the fitted model is known to hold,
-    and tile N 96/160/224 only for M <= WAVE_TILE_MAX_M (`m`; None: M unknown, so left out); no unmeasured N
-    (UNMEASURED_TILE_N)."""
+def heuristic_space(arch: str, m: int | None = None, spec: GemmSpec | None = None) -> ScheduleSpace:
+    """The space the heuristic picks from: the arch's standard space (an fp8 `spec`'s K tiles), on sm_90a cut
+    to what the H200 sweeps measured (no 2x2 clusters; split-K 1, 2, 3, 4, 6, 8), where the fitted model is
+    known to hold, and tile N 96/160/224 only for M <= WAVE_TILE_MAX_M (`m`; None: M unknown, so left out);
+    no unmeasured N (UNMEASURED_TILE_N)."""
     std = ScheduleSpace.for_arch(arch)
     if as_arch(arch) != "sm_90a":
         return std
+    if spec is not None and spec.is_fp8:
+        std = replace(std, tile_k=ScheduleSpace.for_fp8(spec).tile_k)
     tile_n = (tuple(n for n in std.tile_n if n not in UNMEASURED_TILE_N) if m is not None and m <= WAVE_TILE_MAX_M
               else (64, 128, 192, 256))
     return replace(std, tile_n=tile_n, clusters=tuple(c for c in std.clusters if c != (2, 2)),
@@ -329,14 +341,14 @@ def rank_schedules(spec: GemmSpec, arch: str = "sm_90a", num_sms: int | None = N
                    n_hint: int | None = None, k_hint: int | None = None,
                    space: ScheduleSpace | None = None,
                    candidates: Iterable[Schedule] | None = None) -> list[tuple[float, Schedule]]:
-    """Every valid schedule of `space` (default `heuristic_space(arch, M)`), or of `candidates` (e.g. a
+    """Every valid schedule of `space` (default `heuristic_space(arch, M, spec)`), or of `candidates` (e.g. a
     search's feasible set) when given, with its score (predicted TFLOP/s), best first."""
     arch = as_arch(arch)
     if candidates is not None:
         pool = [s for s in dict.fromkeys(candidates) if s.arch == arch and not check_schedule(s, spec)]
     else:
         m = problem_dims(spec, m_hint, n_hint, k_hint)[1]
-        pool = enumerate_schedules(spec, arch, space or heuristic_space(arch, m))
+        pool = enumerate_schedules(spec, arch, space or heuristic_space(arch, m, spec))
         if space is None:
             pool = [s for s in pool if accumulator_regs(s, spec) <= MEASURED_MAX_ACC_REGS]
     scored = []

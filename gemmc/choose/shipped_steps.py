@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..schedule import Schedule, default_schedule, enumerate_schedules, is_valid
 from ..spec import GemmSpec
-from .decision import EPILOGUE_KEEPS_THE_KERNEL, Decision, concrete
+from .decision import EPILOGUE_KEEPS_THE_KERNEL, FP8_HEURISTIC_NOTE, Decision, concrete
 from .heuristic import choose_schedule
 from .notices import warn_once
 from .pretuned import VERDICT_MAX_LOG2, VERDICT_NEIGHBOURS, load_tables, table_for
@@ -116,6 +116,8 @@ def _why_no_verdict(conc: Optional[GemmSpec], spec: GemmSpec, table) -> Optional
     """Why the shipped table cannot give this problem a cuBLAS verdict; None when it can."""
     if conc is None:
         return _symbolic_note(spec)
+    if conc.is_fp8:
+        return FP8_HEURISTIC_NOTE
     if table is None:
         return ("no tuning of this problem, and no shipped table in use (none for this GPU and arch, or "
                 "GEMMC_PRETUNED=0)")

@@ -89,13 +89,19 @@ def default_path() -> Path:
 
 def epilogue_class(spec: GemmSpec) -> str:
     """'plain' for a bare GEMM (cuBLAS computes the same thing), else the ops plus a digest of the DAG. A grouped
-    GEMM's is "grouped_<layout>/" and that, so no lookup of a plain problem's ever meets it."""
+    GEMM's is "grouped_<layout>/" and that, so no lookup of a plain problem's ever meets it. An fp8 GEMM's names
+    its scaling and, where it differs from A's, B's dtype ('scaled_row_f8e5m2+...'): its problem differs from a
+    bf16 one's, and from another scaling's (a bf16 problem's class is as it always was)."""
     if spec.grouped:
         return f"grouped_{spec.group_layout}/" + epilogue_class(replace(spec, groups=None, group_layout=None))
     if not spec.has_epilogue:
         return "plain"
-    ops = "+".join(([f"gate_{spec.gate}"] if spec.gate else []) + [op.op for op in spec.epilogue]) or "cast"
-    body = repr((spec.inputs, spec.epilogue, str(spec.out_dtype)) + ((spec.gate,) if spec.gate else ()))
+    scaled = []
+    if spec.scaling is not None:
+        scaled = [f"scaled_{spec.scaling.mode}" + (f"_{spec.b_dtype}" if spec.b_dtype != spec.dtype else "")]
+    ops = "+".join(([f"gate_{spec.gate}"] if spec.gate else []) + scaled + [op.op for op in spec.epilogue]) or "cast"
+    body = repr((spec.inputs, spec.epilogue, str(spec.out_dtype)) + ((spec.gate,) if spec.gate else ())
+                + ((spec.scaling.mode, str(spec.b_dtype)) if spec.scaling is not None else ()))
     return f"{ops}:{hashlib.blake2b(body.encode(), digest_size=4).hexdigest()}"
 
 

@@ -15,6 +15,8 @@ Conventions (numpy/torch broadcasting, so the body reads as ordinary tensor code
   `gemmc.Scalar` (or a `float` annotation) is a runtime f32 scalar.
 - Exactly one matmul of two parameters: `a @ b` (b is K x N: b_layout "kn"), `a @ b.T` (b is N x K: "nk"),
   `a.T @ b` (a is K x M: a_layout "km"); batched operands are (L, ., .) and transpose with `.mT`.
+- fp8 operands carry their f32 scales: `gemmc.scaled(x, sx) @ gemmc.scaled(w, sw).T`; the scales' shapes say
+  the scaling (gemmc.Scaling: per tensor, per row, per block). The output defaults to bf16.
 - Every other parameter is an epilogue input; its kind comes from the shape it broadcasts with against
   the (M, N) accumulator, right-aligned as in numpy:
     ()  or Scalar -> "scalar";   (N,) or (1, N) -> "row";   (M, 1) -> "col";   (M, N) / (L, M, N) -> "full".
@@ -45,7 +47,7 @@ from ..errors import TraceError
 from ..types import DType, as_arch
 from .parameter_types import GroupCounts, GroupIndexType, GroupOffsets, Scalar, Tensor, TensorType  # noqa: F401
 from .tracing import evaluated_signature, trace
-from .values import Value, clamp, gelu, grouped_mm, relu, sigmoid, silu, tanh  # noqa: F401
+from .values import Value, clamp, gelu, grouped_mm, relu, scaled, sigmoid, silu, tanh  # noqa: F401
 
 
 class Kernel:
@@ -71,6 +73,9 @@ class Kernel:
         from ..runtime import CallSignature
         declared_vectors = {i.name for i in self.spec.inputs if i.kind in ("row", "col")}
         annotations = evaluated_signature(self.fn).parameters
+        # a per-tensor scale declared () reaches the kernel as its one-element (1,) view
+        if self.spec.scaling is not None and self.spec.scaling.mode == "tensor":
+            declared_vectors |= {s for s in self.spec.scaling.names if annotations[s].annotation.shape == ()}
         return CallSignature(
             self.fn.__name__, self.params,
             operands=tuple((role, self.operands[role]) for role in ("a", "b", self.spec.group_operand)
@@ -78,15 +83,16 @@ class Kernel:
             defaults=tuple((p.name, p.default) for p in self._signature.parameters.values()
                            if p.default is not inspect.Parameter.empty),
             declared=tuple((n, annotations[n].annotation.shape) for n in self.params
-                           if n in declared_vectors and len(annotations[n].annotation.shape) > 1))
+                           if n in declared_vectors and len(annotations[n].annotation.shape) != 1))
 
     def launch_args(self, *args, **kwargs) -> tuple:
         """The call's arguments reordered as the kernel compiled from `self.spec` takes them:
-        (a, b, [a grouped GEMM's offsets or counts], *spec.inputs). Defaults fill what is left out; arguments that do
-        not bind raise LaunchError."""
+        (a, b, *scales, [a grouped GEMM's offsets or counts], *spec.inputs) (scales: an fp8 kernel's A and B
+        scales). Defaults fill what is left out; arguments that do not bind raise LaunchError."""
         bound = dict(zip(self.params, self.call_signature.bind(args, kwargs)))
+        scales = self.spec.scaling.names if self.spec.scaling is not None else ()
         groups = (bound[self.operands[self.spec.group_operand]],) if self.spec.grouped else ()
-        return ((bound[self.operands["a"]], bound[self.operands["b"]]) + groups
+        return ((bound[self.operands["a"]], bound[self.operands["b"]]) + tuple(bound[s] for s in scales) + groups
                 + tuple(bound[i.name] for i in self.spec.inputs))
 
     def __call__(self, *args, out=None, **kwargs):

@@ -34,10 +34,10 @@ def spec_from_trace(tracer: Tracer, fn, result, ret_where: str, name: str):
         raise trace_error(ret_where, f"the return value has shape {fmt_shape(result._shape)}, not the output shape "
                           f"{fmt_shape(tracer.acc_shape)}")
 
-    # A trailing cast is the output dtype, not an op.
+    # A trailing cast is the output dtype, not an op. (fp8 is not an output dtype: fp8 matmuls default to bf16.)
     ops = list(tracer.ops)
     out_ref = result._ref
-    out_dtype = mm.dtype
+    out_dtype = DType.bf16 if mm.scaling is not None else mm.dtype
     if out_ref.kind == "node" and ops[out_ref.value].op == "cast":
         cast = ops[out_ref.value]
         out_dtype = cast.attr("dtype")
@@ -49,8 +49,9 @@ def spec_from_trace(tracer: Tracer, fn, result, ret_where: str, name: str):
 
     # Epilogue inputs: every parameter but the operands, kinds from how they broadcast.
     inputs = []
+    scales = mm.scaling.names if mm.scaling is not None else ()
     for pname, ptype in tracer.params.items():
-        if pname in (mm.a, mm.b, mm.group_param):
+        if pname in (mm.a, mm.b, mm.group_param) or pname in scales:
             continue
         if tracer.param_kind(pname) == "groups":
             raise trace_error(tracer.param_lines[pname], f"parameter {pname} ({ptype!r}) is never passed to "
@@ -75,13 +76,16 @@ def spec_from_trace(tracer: Tracer, fn, result, ret_where: str, name: str):
     try:
         spec = GemmSpec(m=mm.m, n=mm.n, k=mm.k, dtype=mm.dtype, out_dtype=out_dtype, acc_dtype=tracer.acc_dtype,
                         a_layout=mm.a_layout, b_layout=mm.b_layout, batch=mm.batch, inputs=tuple(inputs),
-                        epilogue=tuple(epilogue), name=name, groups=mm.groups, group_layout=mm.group_layout)
+                        epilogue=tuple(epilogue), name=name, groups=mm.groups, group_layout=mm.group_layout,
+                        b_dtype=mm.b_dtype, scaling=mm.scaling)
     except SpecError as e:
         raise trace_error(mm.line, str(e)) from None
     params = list(tracer.params)
     operands = {"a": mm.a, "b": mm.b}
     if mm.group_param is not None:
         operands[spec.group_operand] = mm.group_param
+    if mm.scaling is not None:      # the scales go by their own names: the kernel's params are named after them
+        operands.update(scale_a=mm.scaling.a, scale_b=mm.scaling.b)
     return spec, operands, params
 
 

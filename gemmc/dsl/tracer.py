@@ -7,8 +7,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Union
 
-from ..spec import Dim, EpilogueOp, Ref
-from ..types import ACC_DTYPES, INPUT_DTYPES, DType
+from ..spec import SCALE_BLOCK, Dim, EpilogueOp, Ref, Scaling, scale_shapes
+from ..types import ACC_DTYPES, FP8_A_DTYPES, FP8_B_DTYPES, INPUT_DTYPES, DType
 from .locations import trace_error
 from .parameter_types import GroupIndexType, TensorType, fmt_shape
 from .values import Value
@@ -30,6 +30,8 @@ class Matmul:
     groups: Dim | None = None           # a grouped matmul (gemmc.grouped_mm): the group count E,
     group_layout: str | None = None     # its layout,
     group_param: str | None = None      # and the parameter that says which rows are whose
+    b_dtype: DType | None = None     # B's, where it differs from A's (an fp8 e5m2 B)
+    scaling: Scaling | None = None   # fp8: the scales' mode and parameter names
 
 
 class Tracer:
@@ -170,8 +172,10 @@ class Tracer:
                               f"but K of {rhs._param} {fmt_shape(rhs._shape)} is {kb}; declare both with the same K "
                               "(check for a missing .T)")
         self._check_dtypes(ta.dtype, tb.dtype, where)
+        scaling = self._scaling(lhs, rhs, m, n, ka, where)
         self.mm = Matmul(lhs._param, rhs._param, "km" if lhs._transposed else "mk",
-                         "nk" if rhs._transposed else "kn", m, n, ka, batch, ta.dtype, where)
+                         "nk" if rhs._transposed else "kn", m, n, ka, batch, ta.dtype, where,
+                         b_dtype=tb.dtype if tb.dtype != ta.dtype else None, scaling=scaling)
         self.acc_shape = ((batch,) if batch is not None else ()) + (m, n)
         return Value(self, Ref.acc(), self.acc_shape, on_acc=True, line=where)
 
@@ -206,12 +210,18 @@ class Tracer:
         return result
 
     def _check_dtypes(self, da: DType, db: DType, where):
+        if da.bits == 8 or db.bits == 8:
+            if da not in FP8_A_DTYPES or db not in FP8_B_DTYPES:
+                raise trace_error(where, f"matmul of {da} @ {db}: fp8 matmuls take an f8e4m3 A and an f8e4m3 or "
+                                  "f8e5m2 B (both fp8, each with its scale)")
+            if self.acc_dtype != DType.f32:
+                raise trace_error(where, f"accumulator dtype {self.acc_dtype} with fp8 inputs: fp8 MMAs accumulate "
+                                  "in f32; use acc_dtype=gemmc.f32")
+            return
         for dt in (da, db):
-            if dt.bits == 8:
-                raise trace_error(where, f"matmul of {dt} (fp8) inputs: fp8 is not supported yet; use bf16 or f16")
             if dt not in INPUT_DTYPES:
-                raise trace_error(where, f"matmul of {dt} inputs: the tensor-core paths take bf16 or f16; "
-                                  "cast the operands to bf16")
+                raise trace_error(where, f"matmul of {dt} inputs: the tensor-core paths take bf16 or f16 (or fp8 "
+                                  "with scales); cast the operands to bf16")
         if da != db:
             raise trace_error(where, f"matmul mixes dtypes {da} @ {db}: the hardware has no mixed {da}/{db} MMA; "
                               "declare both operands with the same dtype")
@@ -220,3 +230,57 @@ class Tracer:
         if self.acc_dtype == DType.f16 and da != DType.f16:
             raise trace_error(where, f"f16 accumulation with {da} inputs: the tensor cores have no {da}->f16 MMA; "
                               "use acc_dtype=gemmc.f32 or f16 inputs")
+
+    def _scaling(self, lhs: Value, rhs: Value, m: Dim, n: Dim, k: Dim, where) -> Scaling | None:
+        """The scaling of `gemmc.scaled(a, sa) @ gemmc.scaled(b, sb)`, from the scales' declared shapes; None
+        for a plain matmul. fp8 operands need scales and only they take them."""
+        sa, sb = lhs._scale, rhs._scale
+        fp8 = [x._param for x in (lhs, rhs) if self.params[x._param].dtype.bits == 8]
+        use = "write gemmc.scaled(x, sx) @ gemmc.scaled(w, sw).T"
+        if sa is None and sb is None:
+            if fp8:
+                raise trace_error(where, f"fp8 operand(s) {', '.join(fp8)} without scales: fp8 matmuls dequantize "
+                                  f"each operand with an f32 scale; {use}")
+            return None
+        if sa is None or sb is None:
+            bare = lhs._param if sa is None else rhs._param
+            raise trace_error(where, f"only one matmul operand has a scale ({bare} has none): scale both; {use}")
+        if len(fp8) < 2:
+            plain = [x._param for x in (lhs, rhs) if x._param not in fp8]
+            raise trace_error(where, f"gemmc.scaled on the {self.params[plain[0]].dtype} operand {plain[0]}: scales "
+                              "dequantize fp8 operands (f8e4m3 A, f8e4m3 or f8e5m2 B); quantize it, or drop "
+                              "gemmc.scaled")
+        if sa == sb:
+            raise trace_error(where, f"{sa} scales both operands: pass it twice as two parameters")
+        for s in (sa, sb):
+            if s in (lhs._param, rhs._param):
+                raise trace_error(where, f"{s} is a matmul operand and a scale: pass it twice as two parameters")
+            if s in self.epilogue_uses:
+                raise trace_error(where, f"the scale {s} is also used in the epilogue: pass it twice as two "
+                                  "parameters")
+            dt = self.params[s].dtype
+            if dt != DType.f32:
+                raise trace_error(where, f"the scale {s} is {dt}: scales are f32 (convert it with .float())")
+        shapes = {s: tuple(self.params[s].shape) for s in (sa, sb)}
+        # the modes each shape fits (a length-1 vector of a 1-row problem is per tensor and per row alike)
+        fits = {}
+        for side, s in (("a", sa), ("b", sb)):
+            shape, fit = shapes[s], []
+            if shape in ((), (1,)):
+                fit.append("tensor")
+            if len(shape) == 1 and shape == scale_shapes("row", m, n, k)[side == "b"]:
+                fit.append("row")
+            if (len(shape) == 2 and isinstance(k, int) and isinstance(n, int)
+                    and shape == scale_shapes("block", m, n, k)[side == "b"]):
+                fit.append("block")
+            fits[side] = fit
+        common = [mode for mode in fits["a"] if mode in fits["b"]]
+        if common:
+            return Scaling(common[0], sa, sb)
+        kb = -(-k // SCALE_BLOCK) if isinstance(k, int) else f"ceil({k}/{SCALE_BLOCK})"
+        nb = -(-n // SCALE_BLOCK) if isinstance(n, int) else f"ceil({n}/{SCALE_BLOCK})"
+        block_note = "" if isinstance(k, int) and isinstance(n, int) else " (block scales need a static N and K)"
+        raise trace_error(where, f"scale shapes {sa} {fmt_shape(shapes[sa])} and {sb} {fmt_shape(shapes[sb])} name "
+                          f"no scaling gemmc takes for this M x N x K = {m} x {n} x {k} matmul; use per tensor () "
+                          f"and (), per row ({m},) and ({n},), or per block ({m}, {kb}) and ({nb}, {kb})"
+                          + block_note)

@@ -17,10 +17,10 @@ _REDUCTIONS = ("sum", "mean", "max", "min", "amax", "amin", "prod", "norm", "arg
 class Value:
     """A symbolic tensor during tracing: a parameter, the accumulator, or an epilogue op's result."""
 
-    __slots__ = ("_tracer", "_ref", "_shape", "_param", "_transposed", "_on_acc", "_line")
+    __slots__ = ("_tracer", "_ref", "_shape", "_param", "_transposed", "_on_acc", "_line", "_scale")
     __array_ufunc__ = None  # numpy scalars defer to our reflected ops (np.float32(2) * acc)
 
-    def __init__(self, tracer, ref, shape, *, param=None, transposed=False, on_acc=False, line=""):
+    def __init__(self, tracer, ref, shape, *, param=None, transposed=False, on_acc=False, line="", scale=None):
         self._tracer = tracer
         self._ref = ref                # Ref once it is usable in the epilogue (None for a raw tensor param)
         self._shape = tuple(shape)
@@ -28,6 +28,7 @@ class Value:
         self._transposed = transposed
         self._on_acc = on_acc          # depends on the matmul result
         self._line = line
+        self._scale = scale            # gemmc.scaled(x, s): the name of the scale parameter s of operand x
 
     def __repr__(self) -> str:
         what = self._param or str(self._ref)
@@ -70,7 +71,8 @@ class Value:
             raise trace_error(where, f"transpose `{how}` of an epilogue value: only a matmul operand may be transposed "
                               "(the output is always M x N, row-major)")
         shape = self._shape[:-2] + (self._shape[-1], self._shape[-2])
-        return Value(self._tracer, None, shape, param=self._param, transposed=not self._transposed, line=where)
+        return Value(self._tracer, None, shape, param=self._param, transposed=not self._transposed, line=where,
+                     scale=self._scale)
 
     # -- elementwise arithmetic --
     def __add__(self, o): return self._tracer.binary("add", "+", self, o, user_line())
@@ -187,6 +189,36 @@ def _fmt_key(key) -> str:
             return ":".join(parts) + (f":{k.step}" if k.step is not None else "")
         return "None" if k is None else ("..." if k is Ellipsis else repr(k))
     return ", ".join(one(k) for k in key) if isinstance(key, tuple) else one(key)
+
+
+# ---- fp8 operands ----------------------------------------------------------------------------
+
+def scaled(x, scale):
+    """`gemmc.scaled(x, sx)`: the fp8 matmul operand x with its f32 scale sx, e.g.
+    `gemmc.scaled(x, sx) @ gemmc.scaled(w, sw).T`. The two scales' shapes say the scaling (gemmc.Scaling):
+    per tensor () or (1,) each; per row (M,) and (N,); per block (M, ceil(K/128)) and (ceil(N/128), ceil(K/128)).
+    On torch tensors (reference code) it returns x dequantized in f32: x stored as rows x K (A as M x K, an
+    nn.Linear-style B as N x K) times its scale, broadcast per tensor, per row or per 128-block."""
+    if not _is_value(x) and not _is_value(scale):
+        from ..quantize import dequantize
+        return dequantize(x, scale)
+    where = user_line()
+    for what, v in (("operand", x), ("scale", scale)):
+        if not _is_value(v):
+            raise trace_error(where, f"gemmc.scaled: the {what} {v!r} is not a traced tensor; write "
+                              "gemmc.scaled(x, sx) with x an fp8 tensor parameter and sx its f32 scale parameter")
+        if v._param is None or v._ref is not None or v._tracer.param_kind(v._param) != "tensor":
+            raise trace_error(where, f"gemmc.scaled: the {what} is {v!r}; both arguments are tensor parameters "
+                              "(the scale of a scalar is a one-element tensor: gemmc.Tensor[(), gemmc.f32])")
+    if x._tracer is not scale._tracer:
+        raise trace_error(where, "gemmc.scaled: a value from another traced kernel")
+    if x._scale is not None:
+        raise trace_error(where, f"gemmc.scaled: {x._param} already has the scale {x._scale}")
+    if scale._transposed or len(scale._shape) != len(x._tracer.params[scale._param].shape):
+        raise trace_error(where, f"gemmc.scaled: pass the scale {scale._param} as declared (not transposed or "
+                          "indexed)")
+    return Value(x._tracer, None, x._shape, param=x._param, transposed=x._transposed, line=where,
+                 scale=scale._param)
 
 
 # ---- elementwise functions (also usable on torch tensors, for reference code) ---------------

@@ -9,10 +9,11 @@ from xdsl.ir import Block, Region, SSAValue
 
 from ..errors import SpecError
 from ..schedule import Schedule
-from ..spec import EpilogueInput, EpilogueOp, GemmSpec, Ref
+from ..spec import EpilogueInput, EpilogueOp, GemmSpec, Ref, Scaling
 from ..types import DType
 from .attrs import ScheduleAttr, TensorType
-from .gemm import ELEMENTWISE_OPS, ArgOp, CastOp, ClampOp, ConstOp, MatmulOp, YieldOp, arg_name
+from .gemm import (ELEMENTWISE_OPS, ArgOp, CastOp, ClampOp, ConstOp, MatmulOp, YieldOp, arg_name, scale_dims,
+                   scale_layouts)
 from .kernel import KernelGemmOp
 
 
@@ -26,12 +27,16 @@ def operand_types(spec: GemmSpec) -> dict[str, TensorType]:
     m, n, k = spec.m, spec.n, spec.k
     types = {
         "a": TensorType.make(lead + ((m, k) if spec.a_layout == "mk" else (k, m)), spec.dtype, spec.a_layout),
-        "b": TensorType.make(b_lead + ((spec.b_rows, k) if spec.b_layout == "nk" else (k, n)), spec.dtype,
+        "b": TensorType.make(b_lead + ((spec.b_rows, k) if spec.b_layout == "nk" else (k, n)), spec.b_dtype,
                              spec.b_layout),
-        "out": TensorType.make(lead + (m, n), spec.out_dtype, "mn"),
     }
     if spec.grouped:
         types[spec.group_operand] = TensorType.make((spec.groups,), DType.i32, spec.group_operand)
+    if spec.scaling is not None:    # an fp8 GEMM's scales, after B (as the kernel takes them)
+        mode = spec.scaling.mode
+        for name, layout, dims in zip(spec.scaling.names, scale_layouts(mode), scale_dims(mode, m, n, k)):
+            types[name] = TensorType.make(dims, DType.f32, layout)
+    types["out"] = TensorType.make(lead + (m, n), spec.out_dtype, "mn")
     for i in spec.inputs:
         dims = {"scalar": (), "row": (n,), "col": (m,), "full": lead + (m, n)}[i.kind]
         types[i.name] = TensorType.make(dims, i.dtype, i.kind)
@@ -77,10 +82,11 @@ def spec_to_module(spec: GemmSpec, schedule: Schedule | None = None) -> ModuleOp
     """The gemm-level IR of `spec`: one gemm.arg per operand, then gemm.matmul (with the schedule, if any)."""
     types = operand_types(spec)
     args = {name: ArgOp(name, t) for name, t in types.items() if name != "out"}
+    scaled = None if spec.scaling is None else (spec.scaling.mode, *(args[x].result for x in spec.scaling.names))
     matmul = MatmulOp(spec.name, args["a"].result, args["b"].result, [args[i.name].result for i in spec.inputs],
                       types["out"], spec.acc_dtype.value, epilogue_region(spec),
                       ScheduleAttr.from_schedule(schedule) if schedule is not None else None, spec.gate,
-                      args[spec.group_operand].result if spec.grouped else None)
+                      args[spec.group_operand].result if spec.grouped else None, scaled)
     module = ModuleOp([*args.values(), matmul])
     module.verify()
     return module
@@ -136,10 +142,11 @@ def spec_of(op: MatmulOp | KernelGemmOp) -> GemmSpec:
     grouped = {}
     if op.groups is not None:   # the groups are a grouped GEMM's leading dim, not a batch
         grouped = {"groups": op.groups.type.dims[0], "group_layout": op.group_layout}
+    scaling = None if op.scaling is None else Scaling(op.scaling.data, *(arg_name(x) for x in op.scales))
     return GemmSpec(m=m, n=n, k=k, dtype=a.element, out_dtype=out.element, acc_dtype=op.acc_dtype.data,
                     a_layout=a.layout.data, b_layout=b.layout.data, batch=None if grouped else a.batch,
                     inputs=inputs, epilogue=_epilogue_ops(op.epilogue_region), name=op.kernel_name.data,
-                    gate=op.gate.data if op.gate is not None else None, **grouped)
+                    gate=op.gate.data if op.gate is not None else None, b_dtype=b.element, scaling=scaling, **grouped)
 
 
 def schedule_of(op: MatmulOp | KernelGemmOp) -> Schedule | None:

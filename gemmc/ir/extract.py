@@ -5,11 +5,12 @@ from xdsl.dialects.builtin import ModuleOp
 
 from ..errors import SpecError
 from .build import find_gemm, spec_of
-from .kernel import ClusterOp, CopyOp, GroupOp, KernelGemmOp, MmaOp, PipelineOp, TileSchedulerOp, WarpGroupOp
-from .plan import (Epilogue, GroupMapping, KernelPlan, Mma, OperandCopy, Pipeline, ProblemInfo, TileScheduler,
-                   WarpGroup)
+from .kernel import (ClusterOp, CopyOp, GroupOp, KernelGemmOp, MmaOp, PipelineOp, ScalingOp, TileSchedulerOp,
+                     WarpGroupOp)
+from .plan import (Epilogue, GroupMapping, KernelPlan, Mma, OperandCopy, Pipeline, ProblemInfo, Scaling,
+                   TileScheduler, WarpGroup)
 
-_MADE_BY = {MmaOp: "assign-warpgroup-roles", ClusterOp: "tma-cluster-layout",
+_MADE_BY = {MmaOp: "assign-warpgroup-roles", ScalingOp: "assign-warpgroup-roles", ClusterOp: "tma-cluster-layout",
             PipelineOp: "pipeline-staging", TileSchedulerOp: "pipeline-staging", GroupOp: "map-groups"}
 
 
@@ -26,12 +27,18 @@ def plan_from_module(module: ModuleOp) -> KernelPlan:
         return op
 
     spec = spec_of(kernel)
-    problem = ProblemInfo(m=spec.m, n=spec.n, k=spec.k, batch=spec.batch, a_dtype=spec.dtype, b_dtype=spec.dtype,
+    problem = ProblemInfo(m=spec.m, n=spec.n, k=spec.k, batch=spec.batch, a_dtype=spec.dtype, b_dtype=spec.b_dtype,
                           out_dtype=spec.out_dtype, acc_dtype=spec.acc_dtype, a_major=spec.a_major,
                           b_major=spec.b_major, name=spec.name, gate=spec.gate, groups=spec.groups,
                           group_layout=spec.group_layout)
     # asked for in pass order, so the error names the first pass that has not run
-    mma, cluster = need(MmaOp), need(ClusterOp)
+    mma = need(MmaOp)
+    scaling = None
+    if spec.scaling is not None:
+        fact = need(ScalingOp)
+        scaling = Scaling(spec.scaling.mode, spec.scaling.a, spec.scaling.b, promote=fact.get("promote"),
+                          accumulators=fact.get("accumulators"))
+    cluster = need(ClusterOp)
     store = kernel.epilogue_op.store
     if store is None:
         raise SpecError("kernel.epilogue has no store path: run tma-cluster-layout first")
@@ -53,4 +60,5 @@ def plan_from_module(module: ModuleOp) -> KernelPlan:
         epilogue=Epilogue(inputs=spec.inputs, ops=spec.epilogue, store=store.data),
         swap_ab=bool(kernel.schedule.swap_ab.value.data),
         groups=groups,
+        scaling=scaling,
     )

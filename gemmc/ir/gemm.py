@@ -18,6 +18,10 @@ silu(A @ gate.T) * (A @ up.T) as its accumulator.
 A grouped GEMM names its group operand and layout after A and B: `@gemm(%a, %b) grouped contiguous(%offsets)`
 with %offsets a `!gemmc.tensor<E x i32, offsets>` (E + 1 row offsets of E groups) and B E x N x K; or
 `grouped masked(%counts)` with a `!gemmc.tensor<E x i32, counts>` and A E x M x K.
+An fp8 GEMM names its scaling and its two f32 scales, which are not epilogue inputs:
+  %out = gemm.matmul @gemm(%x, %w) scaled row(%sx, %sw) acc f32 -> !gemmc.tensor<M x N x bf16, mn> ...
+with the scales typed per scaling: tensor !gemmc.tensor<f32, scalar> each; row <M x f32, col> and
+<N x f32, row>; block <M x Kb x f32, mk> and <Nb x Kb x f32, nk> (Kb, Nb: 128-blocks of K and N).
 """
 from __future__ import annotations
 
@@ -31,8 +35,8 @@ from xdsl.printer import Printer
 from xdsl.traits import IsTerminator, Pure
 from xdsl.utils.exceptions import VerifyException
 
-from ..spec import BINARY_OPS, GATE_ACTIVATIONS, GROUP_OPERANDS, INPUT_KINDS, OUTPUT_DTYPES
-from ..types import ACC_DTYPES, DType
+from ..spec import BINARY_OPS, GATE_ACTIVATIONS, GROUP_OPERANDS, INPUT_KINDS, OUTPUT_DTYPES, SCALINGS, scale_shapes
+from ..types import ACC_DTYPES, FP8_A_DTYPES, FP8_B_DTYPES, DType
 from .attrs import ScheduleAttr, TensorType
 
 
@@ -353,27 +357,45 @@ def verify_epilogue_region(region: Region, inputs, where: str) -> None:
 
 # ---- the matmul ----------------------------------------------------------------------------
 
+def scale_layouts(mode: str) -> tuple[str, str]:
+    """The !gemmc.tensor layouts of A's and B's scales under scaling `mode`."""
+    return {"tensor": ("scalar", "scalar"), "row": ("col", "row"), "block": ("mk", "nk")}[mode]
+
+
+def scale_dims(mode: str, m, n, k) -> tuple[tuple, tuple]:
+    """The IR dims of A's and B's scales (a per-tensor scale is a scalar)."""
+    return ((), ()) if mode == "tensor" else scale_shapes(mode, m, n, k)
+
+
 class GemmSignature(IRDLOperation):
     """Operands, result and epilogue shared by gemm.matmul and kernel.gemm, and their syntax:
-    `@name(%a, %b) inputs(%x, ...) acc f32 -> !gemmc.tensor<...>`, then the op's own header
-    (`print_header`, on indented continuation lines), then its one region."""
+    `@name(%a, %b) [scaled <mode>(%sa, %sb)] inputs(%x, ...) acc f32 -> !gemmc.tensor<...>`, then the op's own
+    header (`print_header`, on indented continuation lines), then its one region."""
     a = operand_def(TensorType)
     b = operand_def(TensorType)
     groups = opt_operand_def(TensorType)   # a grouped GEMM's offsets or counts
+    scales = var_operand_def(TensorType)   # an fp8 GEMM's A and B scales (none otherwise)
     inputs = var_operand_def(TensorType)
     out = result_def(TensorType)
     kernel_name = prop_def(StringAttr)
     acc_dtype = prop_def(StringAttr)
     gate = opt_prop_def(StringAttr)        # a gated GEMM's gate activation (B is [gate; up])
+    scaling = opt_prop_def(StringAttr)     # an fp8 GEMM's scaling mode (gemmc.spec.SCALINGS)
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
 
     def __init__(self, name: str, a: SSAValue, b: SSAValue, inputs, out_type: TensorType, acc_dtype: str,
-                 region: Region, properties: dict, gate: str | None = None, groups: SSAValue | None = None):
-        """`properties` are the op's own, after the signature's; `region` is its one region."""
+                 region: Region, properties: dict, gate: str | None = None, groups: SSAValue | None = None,
+                 scaled: tuple | None = None):
+        """`properties` are the op's own, after the signature's; `region` is its one region. `groups`: a grouped
+        GEMM's group operand; `scaled`: an fp8 GEMM's (mode, A's scale, B's scale)."""
         props = {"kernel_name": StringAttr(name), "acc_dtype": StringAttr(str(acc_dtype)), **properties}
         if gate is not None:
             props["gate"] = StringAttr(gate)
-        super().__init__(operands=[a, b, [groups] if groups is not None else [], list(inputs)],
+        scales = []
+        if scaled is not None:
+            props["scaling"] = StringAttr(scaled[0])
+            scales = list(scaled[1:])
+        super().__init__(operands=[a, b, [groups] if groups is not None else [], scales, list(inputs)],
                          result_types=[out_type], properties=props, regions=[region])
         self.out.name_hint = "out"
 
@@ -383,6 +405,11 @@ class GemmSignature(IRDLOperation):
         if self.groups is None:
             return None
         return {operand: layout for layout, operand in GROUP_OPERANDS.items()}.get(self.groups.type.layout.data)
+
+    @property
+    def scaled(self) -> tuple | None:
+        """(mode, A's scale, B's scale) of an fp8 GEMM, else None: what the constructor takes back."""
+        return None if self.scaling is None else (self.scaling.data, *self.scales)
 
     def signature_verify(self, where: str) -> None:
         a, b, out = self.a.type, self.b.type, self.out.type
@@ -396,10 +423,7 @@ class GemmSignature(IRDLOperation):
         om, on = out.dims[-2:]
         if ak != bk:
             raise VerifyException(f"{where}: A has K={ak} but B has K={bk}")
-        # one element type feeds the MMA (and spec_of reads it from A alone)
-        if a.dtype.data != b.dtype.data:
-            raise VerifyException(f"{where}: A is {a.dtype.data} but B is {b.dtype.data}: the tensor cores have no "
-                                  "mixed MMA; give A and B the same element type")
+        self._verify_scales(where, am, bn if self.gate is None else on, ak)
         if self.gate is not None:
             if self.gate.data not in GATE_ACTIVATIONS:
                 raise VerifyException(f"{where}: gate {self.gate.data!r}; use one of {GATE_ACTIVATIONS}")
@@ -446,6 +470,32 @@ class GemmSignature(IRDLOperation):
         vectors = [arg_name(x) for x in self.inputs if x.type.layout.data != "scalar"]
         if vectors:
             raise VerifyException(f"{where}: a grouped GEMM reads scalar epilogue inputs only, not {vectors}")
+    def _verify_scales(self, where: str, m, n, k) -> None:
+        """Without scaling: one element type feeds the MMA. With it: fp8 A and B, and A's and B's f32 scales
+        typed as their scaling says."""
+        a, b = self.a.type.dtype.data, self.b.type.dtype.data
+        if self.scaling is None:
+            if self.scales:
+                raise VerifyException(f"{where}: scales without a scaling mode: write `scaled <mode>(%sa, %sb)`")
+            if a != b:
+                raise VerifyException(f"{where}: A is {a} but B is {b}: the tensor cores have no mixed MMA; give A "
+                                      "and B the same element type (or fp8 ones with `scaled <mode>(...)`)")
+            return
+        mode = self.scaling.data
+        if mode not in SCALINGS:
+            raise VerifyException(f"{where}: scaling {mode!r}; use one of {SCALINGS}")
+        if a not in {d.value for d in FP8_A_DTYPES} or b not in {d.value for d in FP8_B_DTYPES}:
+            raise VerifyException(f"{where}: scaling {mode} takes an fp8 A (f8e4m3) and B (f8e4m3 or f8e5m2), got "
+                                  f"{a} and {b}")
+        if len(self.scales) != 2:
+            raise VerifyException(f"{where}: scaling {mode} takes two scales (A's, B's), got {len(self.scales)}")
+        if mode == "block" and not (isinstance(n, int) and isinstance(k, int)):
+            raise VerifyException(f"{where}: block scaling needs static N and K (its scales count 128-blocks)")
+        for side, x, layout, dims in zip("AB", self.scales, scale_layouts(mode), scale_dims(mode, m, n, k)):
+            t = x.type
+            if not isinstance(t, TensorType) or (t.layout.data, t.dims, t.dtype.data) != (layout, dims, "f32"):
+                want = TensorType.make(dims, "f32", layout)
+                raise VerifyException(f"{where}: {side}'s {mode} scale {arg_name(x)} must be {want}, got {t}")
 
     @property
     def epilogue_region(self) -> Region:
@@ -471,6 +521,10 @@ class GemmSignature(IRDLOperation):
             printer.print_string(f" grouped {self.group_layout}")
             with printer.in_parens():
                 printer.print_operand(self.groups)
+        if self.scaling is not None:
+            printer.print_string(f" scaled {self.scaling.data}")
+            with printer.in_parens():
+                printer.print_list(self.scales, printer.print_operand)
         if self.inputs:
             printer.print_string(" inputs")
             with printer.in_parens():
@@ -484,7 +538,8 @@ class GemmSignature(IRDLOperation):
     @staticmethod
     def parse_signature(parser: Parser) -> tuple:
         """((name, a, b, inputs, out_type, acc_dtype), options): the leading arguments of the op's constructor,
-        and its keyword ones: gate (the gate activation, None: not gated) and groups (the group operand)."""
+        and its keyword ones: gate (the gate activation, None: not gated), groups (the group operand) and scaled
+        (an fp8 GEMM's scaling: None, or (mode, sa, sb))."""
         name = parser.parse_symbol_name().data
         a, b = parser.parse_comma_separated_list(parser.Delimiter.PAREN, lambda: parse_defined_operand(parser))
         groups = None
@@ -498,6 +553,11 @@ class GemmSignature(IRDLOperation):
             if not isinstance(groups.type, TensorType) or groups.type.layout.data != GROUP_OPERANDS[layout]:
                 parser.raise_error(f"grouped {layout}: the group operand must be a !gemmc.tensor<E x i32, "
                                    f"{GROUP_OPERANDS[layout]}>")
+        scaled = None
+        if parser.parse_optional_keyword("scaled"):
+            mode = parser.parse_identifier("scaling mode")
+            scaled = (mode, *parser.parse_comma_separated_list(parser.Delimiter.PAREN,
+                                                               lambda: parse_defined_operand(parser)))
         inputs = []
         if parser.parse_optional_keyword("inputs"):
             inputs = parser.parse_comma_separated_list(parser.Delimiter.PAREN, lambda: parse_defined_operand(parser))
@@ -506,7 +566,7 @@ class GemmSignature(IRDLOperation):
         gate = parser.parse_identifier("gate activation") if parser.parse_optional_keyword("gate") else None
         parser.parse_punctuation("->")
         out = parser.parse_type()
-        return (name, a, b, inputs, out, acc), {"gate": gate, "groups": groups}
+        return (name, a, b, inputs, out, acc), {"gate": gate, "groups": groups, "scaled": scaled}
 
 
 @irdl_op_definition
@@ -518,9 +578,9 @@ class MatmulOp(GemmSignature):
 
     def __init__(self, name: str, a: SSAValue, b: SSAValue, inputs, out_type: TensorType, acc_dtype: str,
                  epilogue: Region, schedule: ScheduleAttr | None = None, gate: str | None = None,
-                 groups: SSAValue | None = None):
+                 groups: SSAValue | None = None, scaled: tuple | None = None):
         super().__init__(name, a, b, inputs, out_type, acc_dtype, epilogue,
-                         {} if schedule is None else {"schedule": schedule}, gate, groups)
+                         {} if schedule is None else {"schedule": schedule}, gate, groups, scaled)
 
     def verify_(self) -> None:
         self.signature_verify("gemm.matmul")

@@ -6,6 +6,7 @@
     kernel.warpgroup consumer index 1 regs 232 warps 4
     kernel.warpgroup consumer index 2 regs 232 warps 4
     kernel.mma wgmma inst 64x128x16 atoms 2x1x1
+    (kernel.scaling block promote 128 accumulators 2               // fp8 GEMMs only)
     kernel.cluster 2x1                                              // tma-cluster-layout
     kernel.copy a tma box 128x64 swizzle 128 l2 first_once
     kernel.copy b tma box 64x64 swizzle 128 multicast 2 along m l2 first_once
@@ -40,6 +41,7 @@ from xdsl.traits import HasParent, NoTerminator
 from xdsl.utils.exceptions import VerifyException
 
 from ..schedule import SM80_COMPILE_ARCHS
+from ..spec import SCALE_BLOCK, SCALINGS
 from ..types import ARCHS
 from .attrs import (ScheduleAttr, TensorType, ints_attr, ints_value, parse_shape, parse_word, print_shape,
                     print_word)
@@ -221,6 +223,28 @@ class MmaOp(FactOp):
 
 
 @irdl_op_definition
+class ScalingOp(FactOp):
+    """How an fp8 GEMM applies its scales: `promote` is the K extent after which the consumers add the fp8
+    WGMMA accumulator into an f32 sum (multiplied by the block's scales under block scaling), holding
+    `accumulators` accumulators; 0: the WGMMA accumulator holds the whole K sum, scaled in the epilogue."""
+    name = "kernel.scaling"
+    FIELDS: ClassVar[tuple] = (("mode", None, "word", _REQUIRED), ("promote", "promote", "int", 0),
+                               ("accumulators", "accumulators", "int", 1))
+
+    def check(self) -> None:
+        v = self.values()
+        self.fail_unless(v["mode"] in SCALINGS, f"mode {v['mode']!r}; use one of {SCALINGS}")
+        self.fail_unless(v["promote"] >= 0 and v["promote"] % 32 == 0,
+                         f"promote {v['promote']}: a multiple of the fp8 MMA's K of 32, or 0 (never)")
+        self.fail_unless(v["accumulators"] == (2 if v["promote"] else 1),
+                         f"accumulators {v['accumulators']}: promotion holds 2 (the WGMMA's and the f32 sum), "
+                         "else 1")
+        self.fail_unless(v["mode"] != "block" or v["promote"] == SCALE_BLOCK,
+                         f"block scaling promotes every {SCALE_BLOCK} elements of K (once per scale block): "
+                         f"promote {SCALE_BLOCK}")
+
+
+@irdl_op_definition
 class ClusterOp(FactOp):
     """CTAs per cluster (M x N)."""
     name = "kernel.cluster"
@@ -381,7 +405,7 @@ class EpilogueOp(IRDLOperation):
         return cls(parser.parse_region(), store)
 
 
-SINGLETONS = (MmaOp, ClusterOp, PipelineOp, TileSchedulerOp, GroupOp, EpilogueOp)
+SINGLETONS = (MmaOp, ScalingOp, ClusterOp, PipelineOp, TileSchedulerOp, GroupOp, EpilogueOp)
 
 
 @irdl_op_definition
@@ -400,9 +424,10 @@ class KernelGemmOp(GemmSignature):
 
     def __init__(self, name: str, a: SSAValue, b: SSAValue, inputs, out_type: TensorType, acc_dtype: str,
                  arch: str, tile, mode: str, threads: int, schedule: ScheduleAttr, body: Region | None = None,
-                 gate: str | None = None, groups: SSAValue | None = None):
+                 gate: str | None = None, groups: SSAValue | None = None, scaled: tuple | None = None):
         props = {**self.header_props(arch, tile, mode, threads), "schedule": schedule}
-        super().__init__(name, a, b, inputs, out_type, acc_dtype, body or Region(Block()), props, gate, groups)
+        super().__init__(name, a, b, inputs, out_type, acc_dtype, body or Region(Block()), props, gate, groups,
+                         scaled)
 
     @staticmethod
     def header_props(arch: str, tile, mode: str, threads: int) -> dict:
@@ -482,7 +507,8 @@ class KernelGemmOp(GemmSignature):
         if sched is not None and sched.get("pdl") and self.arch.data != "sm_90a":
             raise VerifyException(f"kernel.tile_scheduler: pdl true needs sm_90a (griddepcontrol), but the kernel "
                                   f"is {self.arch.data}: drop `pdl true` (sm_80 kernels launch plain)")
-        names = {"a", "b", "out"} | {arg_name(x) for x in self.inputs}
+        self._verify_fp8_facts()
+        names = {"a", "b", "out"} | {arg_name(x) for x in (*self.scales, *self.inputs)}
         if self.groups is not None:
             names.add(arg_name(self.groups))
         seen = set()
@@ -493,6 +519,17 @@ class KernelGemmOp(GemmSignature):
             if operand in seen:
                 raise VerifyException(f"kernel.copy: two copies of operand {operand!r}; keep one")
             seen.add(operand)
+
+    def _verify_fp8_facts(self) -> None:
+        """The MMA's K is 32 for fp8 operands (16 otherwise); an fp8 kernel's kernel.scaling names its mode."""
+        fp8 = self.scaling is not None
+        mma, scaling = self.fact(MmaOp), self.fact(ScalingOp)
+        if mma is not None and mma.get("kind") == "wgmma" and mma.get("inst")[2] != (32 if fp8 else 16):
+            raise VerifyException(f"kernel.mma: inst K {mma.get('inst')[2]}, but the operands are "
+                                  f"{self.a.type.dtype.data}: wgmma takes K {32 if fp8 else 16} for them")
+        if scaling is not None and (not fp8 or scaling.get("mode") != self.scaling.data):
+            raise VerifyException(f"kernel.scaling {scaling.get('mode')}, but the kernel's scaling is "
+                                  f"{self.scaling.data if fp8 else 'none (not fp8)'}: rerun assign-warpgroup-roles")
 
     def print_header(self, printer: Printer) -> None:
         printer.print_string(f"\narch {self.arch.data} tile ")
@@ -516,5 +553,5 @@ class KernelGemmOp(GemmSignature):
         return cls(*signature, arch, tile, mode, threads, schedule, parser.parse_region(), **options)
 
 
-Kernel = Dialect("kernel", [KernelGemmOp, WarpGroupOp, MmaOp, ClusterOp, CopyOp, PipelineOp, TileSchedulerOp,
-                            GroupOp, EpilogueOp], [])
+Kernel = Dialect("kernel", [KernelGemmOp, WarpGroupOp, MmaOp, ScalingOp, ClusterOp, CopyOp, PipelineOp,
+                            TileSchedulerOp, GroupOp, EpilogueOp], [])

@@ -110,6 +110,20 @@ class Mma:                              # assign-warpgroup-roles
 
 
 @dataclass(frozen=True)
+class Scaling:                          # fp8: the problem's scaling; how it applies (assign-warpgroup-roles)
+    mode: str                           # "tensor" | "row" | "block" (gemmc.spec.Scaling)
+    a: str                              # the names of A's and B's scale params
+    b: str
+    promote: int = 0                    # K elements per promotion into the f32 sum (0: never; block: 128)
+    accumulators: int = 1               # 2 when promoting: the WGMMA's and the f32 sum
+
+    @property
+    def in_epilogue(self) -> bool:
+        """The scales multiply the whole sum in the epilogue (per tensor, per row), not each promotion."""
+        return self.mode != "block"
+
+
+@dataclass(frozen=True)
 class Epilogue:                         # from the gemm-level epilogue region
     inputs: tuple[EpilogueInput, ...]
     ops: tuple[EpilogueOp, ...]
@@ -134,6 +148,7 @@ class KernelPlan:
     # as the kernel's A, a as its B, and a transposed view of out
     swap_ab: bool = False
     groups: Optional[GroupMapping] = None   # a grouped GEMM's tile -> group mapping
+    scaling: Optional[Scaling] = None   # fp8 kernels' (their scale copies are among `copies`)
 
     def copy(self, operand: str) -> OperandCopy:
         for c in self.copies:

@@ -3,7 +3,12 @@
 SM90: one producer warpgroup (TMA loads, few registers) and two consumer warpgroups (WGMMA +
 epilogue) that either split each tile by rows (cooperative; a 192-row tile, three 64-row WGMMAs, by
 columns) or take alternate tiles (pingpong, so one's epilogue overlaps the other's MMA). SM80: uniform
-warps that all load and compute."""
+warps that all load and compute.
+
+fp8 (SM90): the MMA is the fp8 WGMMA (K 32), and kernel.scaling says how the consumers apply the scales.
+Per tensor and per row, the WGMMA accumulator sums all of K and the epilogue multiplies by the scales
+(promote 0: the fast accumulation of torch._scaled_mm(use_fast_accum=True)); per block, every k-tile's
+WGMMA result is promoted into a second, f32 accumulator times its block scales (promote 128)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,9 +22,10 @@ from xdsl.rewriter import Rewriter
 from ..ir.attrs import ScheduleAttr
 from ..ir.build import find_gemm
 from ..ir.gemm import MatmulOp
-from ..ir.kernel import (ClusterOp, CopyOp, EpilogueOp, KernelGemmOp, MmaOp, PipelineOp, TileSchedulerOp,
-                         WarpGroupOp)
-from ..schedule import Schedule, consumer_warpgroups, register_budgets, sm80_warps, splits_n, threads_per_cta
+from ..ir.kernel import (ClusterOp, CopyOp, EpilogueOp, KernelGemmOp, MmaOp, PipelineOp, ScalingOp,
+                         TileSchedulerOp, WarpGroupOp)
+from ..schedule import (Schedule, accumulator_count, consumer_warpgroups, promotion_interval, register_budgets,
+                        sm80_warps, splits_n, threads_per_cta)
 from ..spec import GemmSpec
 from .common import layout_schedule
 
@@ -30,6 +36,14 @@ def kernel_header(s: Schedule) -> dict:
     """kernel.gemm's arch, tile, mode and threads, all read from the schedule."""
     return {"arch": s.arch, "tile": s.tile, "mode": s.mode if s.arch == "sm_90a" else "multistage",
             "threads": threads_per_cta(s)}
+
+
+def scaling_fact(spec: GemmSpec) -> list:
+    """An fp8 kernel's kernel.scaling (none for other kernels)."""
+    if spec.scaling is None:
+        return []
+    return [ScalingOp.make(mode=spec.scaling.mode, promote=promotion_interval(spec),
+                           accumulators=accumulator_count(spec))]
 
 
 def roles(s: Schedule, spec: GemmSpec) -> tuple[list, MmaOp]:
@@ -70,7 +84,7 @@ class AssignWarpgroupRoles(ModulePass):
             body.add_op(EpilogueOp(gemm.detach_region(gemm.epilogue)))
             kernel = KernelGemmOp(gemm.kernel_name.data, gemm.a, gemm.b, list(gemm.inputs), gemm.out.type,
                                   gemm.acc_dtype.data, **header, schedule=ScheduleAttr.from_schedule(s),
-                                  body=Region(body), gate=spec.gate, groups=gemm.groups)
+                                  body=Region(body), gate=spec.gate, groups=gemm.groups, scaled=gemm.scaled)
             Rewriter.replace_op(gemm, kernel)
         else:   # rerun on a kernel whose schedule may have been edited: the header follows it too
             kernel = gemm
@@ -79,6 +93,6 @@ class AssignWarpgroupRoles(ModulePass):
                 kernel.set_header(**header)
                 kernel.drop_facts(ClusterOp, CopyOp, PipelineOp, TileSchedulerOp)
                 kernel.epilogue_op.properties.pop("store", None)
-            kernel.drop_facts(WarpGroupOp, MmaOp)
-        for fact in [*wgs, mma]:
+            kernel.drop_facts(WarpGroupOp, MmaOp, ScalingOp)
+        for fact in [*wgs, mma, *scaling_fact(spec)]:
             kernel.add_fact(fact)

@@ -16,7 +16,12 @@ transposed coordinate, and full epilogue inputs are read the same way (ldg).
 Grouped GEMMs (SM90): a tile's last rows may belong to the next group (contiguous) or lie past its group's count
 (masked), which must not be written, and a TMA store writes whole boxes: the epilogue stores each element from
 registers (st_global, store direct), predicated on its row being one of the group's. The simplest store that is
-right on every tile; interior tiles could take the TMA store, a later choice of this pass."""
+right on every tile; interior tiles could take the TMA store, a later choice of this pass.
+fp8 scales are read from global memory by the consumers (ldg, one f32 each): per tensor one value per tile
+and per row the tile's rows of A's scales and columns of B's, in the epilogue, as column and row epilogue
+inputs are; per block, each k-tile's scales of the tile's rows of A and B's one scale of the tile, at the
+k-tile's promotion. Their boxes are in the problem's terms (rows of A x columns of the output).
+The swizzle is counted in bytes, so an fp8 tile of K 128 fills a 128-byte swizzle atom with 128 elements."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,6 +62,20 @@ def l2_policy(choice: str, copy: str) -> str:
     return AUTO_L2[copy] if choice == "auto" else choice
 
 
+SCALE_BYTES = 4     # an f32 scale, read one at a time
+
+
+def scale_copies(s: Schedule, spec: GemmSpec) -> list[CopyOp]:
+    """An fp8 kernel's scale reads (module doc); none for other kernels."""
+    if spec.scaling is None:
+        return []
+    bm, bn, _ = s.tile
+    rows, cols = (bn, bm) if s.swap_ab else (bm, bn)    # the problem's rows and columns of a (swapped) tile
+    boxes = {"tensor": ((1, 1), (1, 1)), "row": ((rows, 1), (1, cols)), "block": ((rows, 1), (1, 1))}
+    return [CopyOp.make(operand=name, kind="ldg", box=box, swizzle_bytes=0, vector_bytes=SCALE_BYTES)
+            for name, box in zip(spec.scaling.names, boxes[spec.scaling.mode])]
+
+
 def operand_copies(s: Schedule, spec: GemmSpec) -> list[CopyOp]:
     bm, bn, bk = s.tile
     cm, cn = s.cluster
@@ -78,6 +97,7 @@ def operand_copies(s: Schedule, spec: GemmSpec) -> list[CopyOp]:
             rows, cols = (extent, bk) if k_major else (bk, extent)
             copies.append(CopyOp.make(operand=operand, kind="cp_async", box=(rows, cols),
                                       swizzle_bytes=swizzle_bytes(cols, spec.dtype), vector_bytes=VECTOR_BYTES))
+    copies += scale_copies(s, spec)
     em, en = epilogue_tile(s) if sm90 else (bm, bn)
     # a sub-tile split between two warpgroups' columns: its swizzle atoms must tile each half
     sw_cols = en // 2 if sm90 and splits_n(s) else en

@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 from typing import Callable, Sequence
 
-from ..alignment import ALIGN_BYTES as _ALIGN_BYTES, alignment_elems
+from ..alignment import alignment_elems, param_align_bytes
 from ..backends import GROUP_ROLES, Param
 from ..errors import LaunchError
 from ..types import DType
@@ -24,7 +24,7 @@ def is_batched(params: Sequence[Param]) -> bool:
 class TensorCheck:
     """Everything needed to check one tensor argument, computed once."""
     __slots__ = ("name", "index", "torch_dtype", "dtype", "rank", "contig", "static", "named",
-                 "align_elems", "shape_text", "sym_dims", "vector", "is_out", "ptr_align")
+                 "align_elems", "align_bytes", "shape_text", "sym_dims", "vector", "is_out")
 
     def __init__(self, p: Param, index: int, batched: bool = False):
         import torch
@@ -33,7 +33,8 @@ class TensorCheck:
         self.is_out = p.role == "out"
         self.dtype = p.dtype
         self.torch_dtype = {DType.bf16: torch.bfloat16, DType.f16: torch.float16, DType.f32: torch.float32,
-                            DType.i32: torch.int32}.get(p.dtype)
+                            DType.i32: torch.int32, DType.f8e4m3: torch.float8_e4m3fn,
+                            DType.f8e5m2: torch.float8_e5m2}.get(p.dtype)
         if self.torch_dtype is None:
             raise LaunchError(f"{p.name}: dtype {p.dtype} has no runtime support yet")
         self.rank = len(p.shape)
@@ -41,14 +42,15 @@ class TensorCheck:
         self.static = tuple((i, int(d)) for i, d in enumerate(p.shape) if not isinstance(d, str))
         self.named = tuple((i, d) for i, d in enumerate(p.shape) if isinstance(d, str))
         self.sym_dims = tuple(i for i, _ in self.named)
-        self.align_elems = alignment_elems(p.dtype)
+        # 16 bytes (TMA and vector loads), but 4 for params read one element at a time (fp8 scales, group offsets)
+        self.align_bytes = param_align_bytes(p.role)
+        self.align_elems = alignment_elems(p.dtype) if self.align_bytes > p.dtype.bytes else 1
         self.shape_text = "(" + ", ".join(str(d) for d in p.shape) + ")"
         # epilogue vectors ((N,), (M,); (L, N), (L, M) in a batched kernel, whatever its batch dim) are read
         # element-wise: their length need not be a multiple of 16 bytes
-        self.vector = p.role == "input" and (self.rank == 1 or (batched and self.rank == 2))
-        # a grouped GEMM's offsets or counts are read an int32 at a time: any length, any 4-byte aligned view
-        self.ptr_align = 4 if p.role in GROUP_ROLES else _ALIGN_BYTES
-        self.vector = self.vector or p.role in GROUP_ROLES
+        # (as are fp8 scales); a grouped GEMM's offsets or counts too, read an int32 at a time: any length
+        self.vector = ((p.role in ("input", "scale") and (self.rank == 1 or (batched and self.rank == 2)))
+                       or p.role in GROUP_ROLES)
 
 
 def python_prologue(params: Sequence[Param], device_type: str = "cuda") -> Callable:
@@ -104,12 +106,12 @@ def python_prologue(params: Sequence[Param], device_type: str = "cuda") -> Calla
                                          "arguments")
             stride = t.stride()
             k, a = c.contig, c.align_elems
-            if (stride[k] != 1 and shape[k] != 1) or (loose_extent and shape[k] % a) or t.data_ptr() % c.ptr_align:
+            if (stride[k] != 1 and shape[k] != 1) or (loose_extent and shape[k] % a) or t.data_ptr() % c.align_bytes:
                 raise ValueError(f"argument #{c.index} ({c.name}): strides {stride} or data pointer not aligned")
             for d in strided:
                 if stride[d] % a:
                     raise ValueError(f"argument #{c.index} ({c.name}): stride({d}) = {stride[d]} is not "
-                                     f"{_ALIGN_BYTES}-byte aligned")
+                                     f"{c.align_bytes}-byte aligned")
 
     return prologue
 

@@ -113,7 +113,8 @@ class Launcher:
         if self._groups is not None and self.params[self._groups].role == "group_offsets":
             b = next(i for i, p in enumerate(self.params) if p.role == "b")
             self._offsets_of_b = (self._user.index(self._groups), self._user.index(b))
-        self._epilogue_inputs = tuple(i for i, p in enumerate(self.params) if p.role in ("input", "scalar"))
+        # what a K = 0 call's epilogue reads: an fp8 kernel's scales (params after b), then its epilogue inputs
+        self._epilogue_inputs = tuple(i for i, p in enumerate(self.params) if p.role in ("scale", "input", "scalar"))
         self._workspaces = tuple(
             (i, compile(p.workspace_elems or "0", f"<{p.name}.workspace_elems>", "eval"))
             for i, p in enumerate(self.params) if p.kind in ("workspace", "semaphore"))
@@ -141,7 +142,8 @@ class Launcher:
         firsts = [j for j, i in enumerate(self._user) if self.params[i].kind == "tensor"]
         self._first_tensor = firsts[0] if firsts else 0
         self._template = [None] * len(self.params)
-        # Vectors declared with unit dims ((M, 1), (1, N)) reach the kernel as views without them.
+        # Vectors declared with unit dims ((M, 1), (1, N)) reach the kernel as views without them; a 0-D
+        # per-tensor fp8 scale as its (1,) view.
         self._unit_vectors = tuple(
             (signature.position(n), unit_dims(shape), len(shape), "(" + ", ".join(str(v) for v in shape) + ")")
             for n, shape in signature.declared)
@@ -216,7 +218,7 @@ class Launcher:
             if t.dim() != rank or any(t.shape[d] != 1 for d in dims):
                 raise LaunchError(f"{self.signature.names[j]} must be {rank}-D with shape {declared} (as "
                                   f"{self.signature.name} declares it), got {t.dim()}-D shape {tuple(t.shape)}")
-            args[j] = t.squeeze(dims)
+            args[j] = t.squeeze(dims) if rank else t.reshape(1)     # a 0-D scale: its (1,) view
         if self._batch_vectors:
             lead = next((a.shape[0] for a in args if hasattr(a, "dim") and a.dim() == 3), None)
             if lead is not None:
@@ -279,12 +281,12 @@ class Launcher:
         for i in range(c.rank):
             if i != c.contig and stride[i] % a:
                 raise LaunchError(f"{c.name}.stride({i}) = {stride[i]} is not a multiple of {a} elements "
-                                  f"({_ALIGN_BYTES} bytes), needed for vector/TMA loads: pad dim {c.contig} "
+                                  f"({c.align_bytes} bytes), needed for vector/TMA loads: pad dim {c.contig} "
                                   f"to a multiple of {a} or "
                                   + remedy(f"{c.name}.contiguous() if it is already a multiple of {a}",
                                            f"contiguous if it is already a multiple of {a}"))
-        if t.data_ptr() % c.ptr_align:
-            raise LaunchError(f"{c.name}.data_ptr() is not {c.ptr_align}-byte aligned (a view at an odd "
+        if t.data_ptr() % c.align_bytes:
+            raise LaunchError(f"{c.name}.data_ptr() is not {c.align_bytes}-byte aligned (a view at an odd "
                               f"offset?): " + remedy(f"{c.name}.clone()", "as a tensor of its own (torch.empty)"))
         return device
 

@@ -6,7 +6,7 @@ import math
 
 from ..alignment import ALIGN_BYTES, alignment_elems
 from ..errors import ScheduleError
-from ..spec import GemmSpec
+from ..spec import SCALE_BLOCK, GemmSpec
 from ..types import DType
 from .knobs import L2_FIELDS, Schedule, Violation, is_int, is_sizes
 from .limits import (ARCH_LIMITS, CONSUMER_REG_OVERHEAD, CONSUMER_REGS_MAX, GRID_YZ_MAX, INT32_MAX, L2_POLICIES,
@@ -141,6 +141,8 @@ def check_schedule(s: Schedule, spec: GemmSpec) -> list[Violation]:
         v += gate_violations(s)
     if spec.grouped:
         v += group_violations(s)
+    if spec.is_fp8:
+        v += fp8_violations(s, spec)
 
     # registers
     acc, other = accumulator_regs(s, spec), consumer_reg_overhead(s, spec)
@@ -260,6 +262,42 @@ def group_violations(s: Schedule) -> list[Violation]:
     return v
 
 
+# the tile K extents an fp8 kernel takes: whole fp8 MMAs (K 32), up to one 128-byte swizzle atom per stage row
+FP8_TILE_K = (32, 64, 128)
+# block scaling: each tile's columns share one B scale per k-tile, so the tile N divides the 128-row scale block
+FP8_BLOCK_TILE_N = (16, 32, 64, 128)
+
+
+def fp8_violations(s: Schedule, spec: GemmSpec) -> list[Violation]:
+    """An fp8 GEMM's kernel: sm_90a's fp8 WGMMA, which reads K-major A and B only, in K steps of 32; block
+    scaling promotes once per 128-element scale block, so the tile K is the block's, and one B scale covers a
+    tile's columns (tile N divides 128); a swapped kernel's tile would cross B's scale blocks by rows."""
+    if s.arch != "sm_90a":
+        return [Violation("fp8 (sm_80)", s.arch, "SM80 has no fp8 MMA: compile for sm_90a (H100/H200), or "
+                          "dequantize to bf16 and run a bf16 GEMM")]
+    v: list[Violation] = []
+    if (spec.a_layout, spec.b_layout) != ("mk", "nk"):
+        v.append(Violation("fp8 layouts", (spec.a_layout, spec.b_layout), "the fp8 WGMMA reads K-major operands "
+                           "only: store A as M x K (a_layout 'mk') and B as N x K (b_layout 'nk', x @ w.T)"))
+    if not is_sizes(s.tile, 3):
+        return v
+    bm, bn, bk = s.tile
+    if bk not in FP8_TILE_K:
+        v.append(Violation("tile K (fp8)", bk, f"use one of {FP8_TILE_K}: whole fp8 MMAs of K 32, at most one "
+                           "128-byte swizzle atom"))
+    if spec.scaling is not None and spec.scaling.mode == "block":
+        if bk != SCALE_BLOCK:
+            v.append(Violation("tile K (block scaling)", bk, f"each k-tile is promoted with one block's scales: use "
+                               f"tile K {SCALE_BLOCK}, the scale block's K"))
+        if s.swap_ab is True:
+            v.append(Violation("swap_ab (block scaling)", True, "a swapped kernel's tile rows are B's, whose scales "
+                               "change every 128 rows: use swap_ab=False"))
+        elif bn not in FP8_BLOCK_TILE_N:
+            v.append(Violation("tile N (block scaling)", bn, f"one B scale per k-tile covers a tile's columns: use "
+                               f"one of {FP8_BLOCK_TILE_N} (a divisor of the 128-row scale block)"))
+    return v
+
+
 def launch_violations(s: Schedule, spec: GemmSpec) -> list[Violation]:
     """The launch grids and 32-bit sizes of `s` on `spec`'s static dims that pass their limits (symbolic dims
     are the runtime's to check, per call)."""
@@ -323,7 +361,7 @@ def _contiguous_dims(spec: GemmSpec):
     yield ("A's contiguous dim " + ("K" if spec.a_layout == "mk" else "M"),
            spec.k if spec.a_layout == "mk" else spec.m, spec.dtype)
     yield ("B's contiguous dim " + ("K" if spec.b_layout == "nk" else "N"),
-           spec.k if spec.b_layout == "nk" else spec.n, spec.dtype)
+           spec.k if spec.b_layout == "nk" else spec.n, spec.b_dtype)
     yield "the output's N", spec.n, spec.out_dtype
     for i in spec.inputs:
         if i.kind == "full":

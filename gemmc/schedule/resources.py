@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ..spec import GemmSpec
+from ..spec import SCALE_BLOCK, GemmSpec
 from ..types import DType
 from .knobs import Schedule
 from .limits import (ARCH_LIMITS, BARRIER_RESERVE_BYTES, CONSUMER_REG_OVERHEAD, CONSUMER_REG_OVERHEAD_EPILOGUE,
@@ -27,6 +27,19 @@ def sm80_warps(s: Schedule) -> int:
     return 8 if bm * bn > 128 * 128 else 4
 
 
+def promotion_interval(spec: GemmSpec) -> int:
+    """The K extent after which an fp8 kernel adds its WGMMA accumulator into a second, f32 one: every scale
+    block under block scaling (times the block's scales); 0 (never) per tensor and per row, whose scales
+    multiply the whole sum in the epilogue."""
+    return SCALE_BLOCK if spec.scaling is not None and spec.scaling.mode == "block" else 0
+
+
+def accumulator_count(spec: GemmSpec) -> int:
+    """Accumulators of the output tile a consumer holds: two for a gated GEMM (gate and up) and for a promoting
+    fp8 one (the WGMMA's and the f32 sum), else one."""
+    return 2 if spec.gate is not None or promotion_interval(spec) else 1
+
+
 def accumulator_regs(s: Schedule, spec: GemmSpec) -> int:
     """f32 (or packed f16) accumulator registers per MMA thread."""
     bm, bn, _ = s.tile
@@ -35,8 +48,7 @@ def accumulator_regs(s: Schedule, spec: GemmSpec) -> int:
         threads = 128 if s.mode == "pingpong" else 128 * consumer_warpgroups(s)
     else:
         threads = threads_per_cta(s)
-    accumulators = 2 if spec.gate is not None else 1    # a gated tile holds its gate and up halves
-    return math.ceil(accumulators * bm * bn / threads / per_reg)
+    return math.ceil(accumulator_count(spec) * bm * bn / threads / per_reg)
 
 
 def register_pool(arch: str, threads: int) -> int:
@@ -50,9 +62,11 @@ def consumer_reg_overhead(s: Schedule, spec: GemmSpec) -> int:
     if s.arch != "sm_90a":
         return SM80_REG_OVERHEAD
     mode = split_k_mode(s)
-    # under "serial" the reduce kernel runs the epilogue; a gated kernel's gate function is one, and so is a
-    # grouped kernel's walk over the groups with its row-predicated store
-    dag = (bool(spec.epilogue) and mode != "serial") or spec.gate is not None or spec.grouped
+    # under "serial" the reduce kernel runs the epilogue (an fp8 kernel's scales per tensor or row included);
+    # a gated kernel's gate function is one, and so is an fp8 kernel's promotion by block scales, and a grouped
+    # kernel's walk over the groups with its row-predicated store
+    dag = (((bool(spec.epilogue) or spec.scaling is not None) and mode != "serial") or spec.gate is not None
+           or promotion_interval(spec) > 0 or spec.grouped)
     if dag and mode == "fixup":         # stream-K's sums measured lighter: 256x160 with bias + GELU fits 232
         return (CONSUMER_REG_OVERHEAD_EPILOGUE_SUMS_PINGPONG if s.mode == "pingpong"
                 else CONSUMER_REG_OVERHEAD_EPILOGUE_SUMS)

@@ -48,6 +48,15 @@ class ScheduleSpace:
         return cls()
 
     @classmethod
+    def for_fp8(cls, spec: GemmSpec) -> "ScheduleSpace":
+        """sm_90a fp8: the standard tiles with K tiles of 64 and 128 (128 fp8 elements fill the 128-byte swizzle
+        atom that 64 bf16 elements do); block scaling pins K to the 128 of its scale block and N to divisors
+        of 128 (gemmc.schedule.predicate.fp8_violations)."""
+        if spec.scaling is not None and spec.scaling.mode == "block":
+            return cls(tile_n=(64, 128), tile_k=(128,))
+        return cls(tile_k=(64, 128))
+
+    @classmethod
     def swapped_decode(cls) -> "ScheduleSpace":
         """sm_90a kernels computing out^T = b @ a^T, for M <= SWAP_DECODE_MAX_M: the weights fill the 64/128-row
         MMA side, the activations an 8/16/32-wide tile, alone or two to a weight-multicasting 1x2 cluster; rings
@@ -86,10 +95,10 @@ SWAP_MAX_M = 128
 
 
 def standard_spaces(spec: GemmSpec, arch: str = "sm_90a") -> tuple[ScheduleSpace, ...]:
-    """What the search enumerates for `spec`: the arch's standard space, plus on sm_90a a swapped
-    space when M is known and at most SWAP_MAX_M, and past SWAP_DECODE_MAX_M the odd-N tiles."""
+    """What the search enumerates for `spec`: the arch's standard space (fp8's on sm_90a), plus on sm_90a a
+    swapped space when M is known and at most SWAP_MAX_M, and past SWAP_DECODE_MAX_M the odd-N tiles."""
     arch = as_arch(arch)
-    spaces = (ScheduleSpace.for_arch(arch),)
+    spaces = (ScheduleSpace.for_fp8(spec) if spec.is_fp8 and arch == "sm_90a" else ScheduleSpace.for_arch(arch),)
     if arch == "sm_90a" and isinstance(spec.m, int) and spec.m <= SWAP_MAX_M:
         spaces += ((ScheduleSpace.swapped_decode(),) if spec.m <= SWAP_DECODE_MAX_M
                    else (ScheduleSpace.swapped_batch(), ScheduleSpace.odd_n_tiles()))

@@ -115,7 +115,10 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--shapes", help="a file of 'M N K' lines")
     t.add_argument("--sample", type=_at_least(1, "shapes"), metavar="N",
                    help="a seeded sample of N of the suite's shapes")
-    t.add_argument("--dtype", default="bf16", help="A/B element type: bf16 or f16 (default bf16)")
+    t.add_argument("--dtype", default="bf16", help="A/B element type: bf16, f16 or fp8 (e4m3, with --scaling; "
+                                                   "timed against torch's fp8 GEMM) (default bf16)")
+    t.add_argument("--scaling", choices=("tensor", "row", "block"),
+                   help="with --dtype fp8 (required there): per tensor, per row, or per block (DeepSeek-V3)")
     t.add_argument("--arch", default="sm_90a", help="sm_90a or sm_80 (default sm_90a)")
     t.add_argument("--strategy", default="bayes", choices=STRATEGIES, help="(default bayes)")
     t.add_argument("--budget", type=_at_least(0, "schedules per shape; 0: only --also and the confirmations"),
@@ -436,8 +439,20 @@ def _tune_shapes_checked(args) -> list:
         arch = as_arch(args.arch)
     except SpecError as e:     # the suite, the shapes file or the arch: the message says which and how
         raise UsageError(str(e)) from None
+    if (args.dtype == "fp8") != (args.scaling is not None):
+        raise UsageError("--dtype fp8 needs --scaling tensor, row or block" if args.dtype == "fp8" else
+                         f"--scaling {args.scaling} scales fp8 inputs: add --dtype fp8, or drop --scaling")
+    if args.dtype == "fp8":
+        from ..bench.fp8 import fp8_dtype
+        if any(hasattr(sh, "spec") for sh in shapes):      # the moe suite's grouped problems
+            raise UsageError("--dtype fp8 with grouped problems (--suite moe): grouped fp8 GEMMs are not built yet; "
+                             "tune the moe suite in bf16")
+        args.dtype = fp8_dtype(args.scaling)     # the problem class the tune loop reads (gemmc.bench.fp8)
+        if args.symbolic and args.scaling == "block":
+            raise UsageError("--symbolic with --scaling block: block scales need a static N and K; drop --symbolic")
     try:
-        GemmSpec(shapes[0].m, shapes[0].n, shapes[0].k, dtype=args.dtype)
+        from ..bench.fp8 import spec_kwargs
+        GemmSpec(shapes[0].m, shapes[0].n, shapes[0].k, **spec_kwargs(args.dtype))
     except SpecError as e:
         raise UsageError(f"--dtype {args.dtype}: {e}") from None
     for flag in ("settle_s", "sustained_s"):

@@ -72,13 +72,19 @@ class Runner:
         from ..bench.suites import Shape
         from ..bench.timing import input_set_count, l2_bytes_of, make_input_sets
         from ..types import torch_dtype
-        key = (spec.m, spec.n, spec.k, str(spec.dtype))
+        mode = spec.scaling.mode if spec.scaling is not None else None
+        key = (spec.m, spec.n, spec.k, str(spec.dtype), mode)
         if key not in self._sets:
             self._sets.clear()
             torch.cuda.empty_cache()
             shape = Shape(spec.m, spec.n, spec.k)
             n = input_set_count(shape, spec.dtype.bytes, l2_bytes_of(), self.timing.l2_factor, self.timing.max_sets)
-            self._sets[key] = (shape, make_input_sets(shape, torch_dtype(spec.dtype), self.device, n, self.timing.seed))
+            if mode is not None:        # fp8: quantized operands with their scales (gemmc.bench.fp8)
+                from ..bench.timing import make_fp8_input_sets
+                self._sets[key] = (shape, make_fp8_input_sets(shape, mode, self.device, n, self.timing.seed))
+            else:
+                self._sets[key] = (shape, make_input_sets(shape, torch_dtype(spec.dtype), self.device, n,
+                                                          self.timing.seed))
         return self._sets[key]
 
     def _gpu_fault(self) -> Optional[str]:
@@ -92,12 +98,16 @@ class Runner:
 
     def _measure_gpu(self, spec: GemmSpec, schedule: Schedule, arch: str, kernel_spec: GemmSpec) -> Measurement:
         import gemmc
+        from ..bench.fp8 import baseline, fp8_call
         from ..bench.timing import CudaClock, TimingConfig, bench_shape, spin_up
         if spec.grouped:
             return self._measure_grouped(spec, schedule, arch, kernel_spec)
-        if spec.has_epilogue or spec.a_layout != "mk" or spec.b_layout != "nk" or spec.batch is not None:
+        fp8 = spec.scaling is not None
+        plain = not spec.has_epilogue or (fp8 and not spec.epilogue and not spec.inputs)
+        if not plain or spec.a_layout != "mk" or spec.b_layout != "nk" or spec.batch is not None:
             raise NotImplementedError("the GPU Runner measures plain A[M,K] @ B[N,K].T GEMMs (the bench's "
-                                      "timing rules); epilogue problems need their own reference")
+                                      "timing rules; fp8 ones against torch's fp8 GEMM, gemmc.bench.fp8); "
+                                      "epilogue problems need their own reference")
         if self.timing is None:
             self.timing = TimingConfig()
         if self._clock is None:
@@ -113,7 +123,11 @@ class Runner:
             # after a compile batch (or the first time) the clocks are low: bring them back before timing
             if self._busy_until is None or time.perf_counter() - self._busy_until > RESPIN_AFTER_IDLE_S:
                 spin_up(device=self.device)
-            rec = bench_shape(shape, kernel, sets, self._clock, self.timing)
+            if fp8:
+                rec = bench_shape(shape, fp8_call(kernel), sets, self._clock, self.timing,
+                                  baseline(spec.scaling.mode))
+            else:
+                rec = bench_shape(shape, kernel, sets, self._clock, self.timing)
         except Exception as e:
             error = f"run: {type(e).__name__}: {e}"[:2000]
             fault = self._gpu_fault()

@@ -48,9 +48,11 @@ def tune(shapes, *, dtype: str, arch: str, strategy: str, budget: int, batch: in
     bar = tqdm(total=len(shapes) * (budget + confirm), desc=f"tune ({strategy})", unit="meas", file=sys.stderr,
                dynamic_ncols=True, disable=not progress)
     summary = []
+    from ..bench.fp8 import spec_kwargs
     for sh in shapes:
-        # a grouped problem (the moe suite's GroupedShape) is keyed by its rows per group (choose/group_keys.py)
-        spec = sh.spec(dtype) if hasattr(sh, "spec") else GemmSpec(sh.m, sh.n, sh.k, dtype=dtype)
+        # a grouped problem (the moe suite's GroupedShape) is keyed by its rows per group (choose/group_keys.py);
+        # dtype "fp8-<scaling>": an fp8 GEMM
+        spec = sh.spec(dtype) if hasattr(sh, "spec") else GemmSpec(sh.m, sh.n, sh.k, **spec_kwargs(dtype))
         problem = SearchProblem.of(spec, arch)
         # one per schedule: confirm rows add none
         stored = db.prior(spec, arch, gpu_name, version=__version__ if fresh else None)

@@ -17,11 +17,12 @@ from __future__ import annotations
 from ...errors import BuildError
 from ...ir.plan import KernelPlan
 from ...spec import EpilogueOp, Ref
-from ...types import DType
+from ...types import FP8_DTYPES, DType
 from .. import GRID_YZ_MAX, GROUP_ROLES, EmittedKernel, Param, group_param
 from ..common import (check_input_names, dsl_type, epilogue_math_lines, input_kernel_args, input_value_expr,
                       private_inputs, rebind_inputs, splitk_reduce)
 from .kernel import MODULES, source_digest
+from .scales import epilogue_with_scales, scale_inputs, scale_shapes_of
 
 _SWIZZLE_KIND = {128: "SW128", 64: "SW64", 32: "SW32", 0: "INTER"}
 KERNEL_PACKAGE = "gemmc.backends.sm90.kernel"
@@ -33,11 +34,16 @@ def _check(plan: KernelPlan) -> None:
         raise BuildError(f"the SM90 backend got a plan for {plan.arch}; use gemmc.backends.emit(plan)")
     if plan.mode not in ("cooperative", "pingpong"):
         raise BuildError(f"SM90 mode {plan.mode!r} is not cooperative or pingpong")
+    fp8 = plan.scaling is not None
     for dt in (p.a_dtype, p.b_dtype):
-        if dt not in (DType.bf16, DType.f16):
-            raise BuildError(f"SM90 inputs must be bf16 or f16, got {dt}")
+        if dt not in ((DType.bf16, DType.f16) if not fp8 else FP8_DTYPES):
+            raise BuildError(f"SM90 inputs must be bf16 or f16 (fp8 with a scaling), got {dt}"
+                             + (" with a scaling" if fp8 else ""))
     if plan.mma.kind != "wgmma":
         raise BuildError(f"SM90 plan has MMA kind {plan.mma.kind!r}; expected 'wgmma'")
+    if plan.mma.inst_shape[2] != (32 if fp8 else 16):
+        raise BuildError(f"SM90 plan's MMA K is {plan.mma.inst_shape[2]} for {p.a_dtype} operands; wgmma takes "
+                         f"{32 if fp8 else 16}")
     prod, cons = plan.role("producer"), plan.role("consumer")
     if len(prod) != 1 or prod[0].index != 0 or len(cons) != 2 or sorted(w.index for w in cons) != [1, 2]:
         raise BuildError("SM90 plans need warpgroup 0 = producer and warpgroups 1, 2 = consumers; got "
@@ -91,7 +97,8 @@ def params_of(plan: KernelPlan) -> tuple[Param, ...]:
     b_rows = 2 * p.n if p.gate is not None else p.n     # gated: B is [gate; up]
     b_shape = (b_rows, p.k) if p.b_major == "k" else (p.k, p.n)
     out = [Param("a", "tensor", p.a_dtype, lead + a_shape, role="a"),
-           Param("b", "tensor", p.b_dtype, b_lead + b_shape, role="b")]
+           Param("b", "tensor", p.b_dtype, b_lead + b_shape, role="b"),
+           *(Param(name, "tensor", DType.f32, shape, role="scale") for name, shape in scale_shapes_of(plan))]
     if p.group_layout is not None:
         out.append(group_param(p.group_layout, p.groups))
     # the serial split-K reduce kernel's grid y extent is the batch (the persistent grid has no such limit)
@@ -136,16 +143,12 @@ def _mul_dim(k: int, d):
     return k * d if isinstance(d, int) else f"{k}*{d}"
 
 
-def _dim_expr(d) -> str:
-    return str(d)
-
-
-def tma_inputs(plan: KernelPlan, inputs) -> list:
-    """Full (M x N) epilogue inputs the plan loads with TMA into smem, per epilogue sub-tile, as (the plan's
+def tma_inputs(plan: KernelPlan, user_inputs, inputs) -> list:
+    """Full (M x N) epilogue inputs the plan loads with TMA into smem, per epilogue sub-tile, as (the kernel's
     input, `inputs`' one in its place: private_inputs' renamed twin). Inputs without a copy in the plan, or
     with kind "ldg", are read straight from global memory."""
     kinds = {c.operand: c.kind for c in plan.copies if c.operand not in ("a", "b", "out")}
-    return [(u, x) for u, x in zip(plan.epilogue.inputs, inputs) if u.kind == "full" and kinds.get(u.name) == "tma"]
+    return [(u, x) for u, x in zip(user_inputs, inputs) if u.kind == "full" and kinds.get(u.name) == "tma"]
 
 
 def _smem_atom(major_is_k: bool, swizzle_bytes: int) -> str:
@@ -167,11 +170,13 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                          "(A is multicast along the cluster's N extent, B along its M extent)")
     sched = plan.scheduler
     reduce_kernel = sched.split_k > 1 and sched.split_k_mode == "serial"
+    # the kernel's epilogue: the plan's, behind an fp8 kernel's scales where they apply there (scales.py);
     # inside the module the inputs go by private names (the host entry rebinds the user's first thing)
-    inputs, ops = private_inputs(plan.epilogue.inputs, plan.epilogue.ops)
+    user_inputs, user_ops = epilogue_with_scales(plan)
+    inputs, ops = private_inputs(user_inputs, user_ops)
     # under the reduce kernel the main kernel stores raw f32 partials and the reduce kernel applies the epilogue
     main_ops = () if reduce_kernel else ops
-    staged = [] if reduce_kernel else tma_inputs(plan, inputs)
+    staged = [] if reduce_kernel else tma_inputs(plan, user_inputs, inputs)
     params = params_of(plan)
     entry = f"{p.name}_sm90"
     parts = [_header(plan), _facts(plan, inputs, staged, reduce_kernel)]
@@ -185,9 +190,11 @@ def emit(plan: KernelPlan) -> EmittedKernel:
                  "KERNEL = Sm90Gemm(KernelFacts.from_namespace(globals()), "
                  f"{'epilogue_dag' if main_ops else 'None'}, {'reduce_partials' if reduce_kernel else 'None'}"
                  + (", gate_function" if p.gate is not None else "") + ")")
-    parts.append(_entry(plan, params, inputs, entry))
+    parts.append(_entry(plan, params, user_inputs, inputs, entry))
     source = "\n\n\n".join(parts) + "\n"
-    check_input_names(source, plan.epilogue.inputs, params, "SM90")
+    # the host entry takes the scales and the inputs by the user's names
+    block_scales = () if plan.scaling is None or plan.scaling.in_epilogue else scale_inputs(plan)
+    check_input_names(source, tuple(user_inputs) + block_scales, params, "SM90")
     return EmittedKernel(arch="sm_90a", source=source, entry=entry, params=params, compile_arch="sm_90a")
 
 
@@ -282,6 +289,14 @@ def _facts(plan: KernelPlan, inputs, staged, reduce_kernel: bool) -> str:
         ("GROUP_ORDER_M", groups is None or groups.order == "m", "map-groups: a group's cluster tiles M fastest"),
         ("STORE_FROM_REGISTERS", cc.kind == "st_global", f"tma-cluster-layout: the output copy is {cc.kind}"),
     ]
+    if plan.scaling is not None:    # fp8 (other kernels take KernelFacts' defaults: MMA K 16, no scaling)
+        sc = plan.scaling
+        rows += [
+            ("MMA_INST_K", mma.inst_shape[2], "assign-warpgroup-roles: the fp8 WGMMA's K"),
+            ("SCALING", repr(sc.mode), "problem: fp8 scaling (scales " + ("in the epilogue" if sc.in_epilogue
+                                                                          else "at each promotion") + ")"),
+            ("PROMOTE_K", sc.promote, "assign-warpgroup-roles: K per promotion into the f32 sum (0: never)"),
+        ]
     lines = ["# ---- kernel-IR facts (KernelPlan); the kernel modules read only these ----------------------"]
     lines += [_constant(name, value, why) for name, value, why in rows]
     staged_names = {i.name for _, i in staged}
@@ -342,7 +357,7 @@ def _reduce(ops, inputs, plan: KernelPlan) -> list[str]:
     return [reduce.source.strip("\n"), launch]
 
 
-def _entry(plan: KernelPlan, params, inputs, entry: str) -> str:
+def _entry(plan: KernelPlan, params, user_inputs, inputs, entry: str) -> str:
     host_params = ", ".join([f"{q.name}: cutlass.Float32" if q.kind == "scalar" else f"{q.name}: cute.Tensor"
                              for q in params] + ["stream"])
     names = {q.name for q in params}
@@ -352,9 +367,12 @@ def _entry(plan: KernelPlan, params, inputs, entry: str) -> str:
             "workspace" if "workspace" in names else "None", "semaphores" if "semaphores" in names else "None",
             groups, "stream"]
     lines = [f"@cute.jit", f"def {entry}({host_params}):"]
-    lines += ["    " + ln for ln in rebind_inputs(plan.epilogue.inputs, inputs)]
+    lines += ["    " + ln for ln in rebind_inputs(user_inputs, inputs)]
     if plan.swap_ab:
         lines.append("    # swapped A/B: the kernel computes out^T = b @ a^T (its A is b, its B is a)")
+    if plan.scaling is not None and not plan.scaling.in_epilogue:
+        lines.append("    # block-scaled fp8: the consumers promote each k-tile times these scales")
+        args.append(f"block_scales=({plan.scaling.a}, {plan.scaling.b})")
     lines.append(f"    KERNEL({', '.join(args)})")
     return "\n".join(lines)
 

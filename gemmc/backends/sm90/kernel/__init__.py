@@ -10,6 +10,7 @@ epilogue_dag, reduce_partials)` and calls it from its @cute.jit entry.
     groups.py     grouped GEMMs: work units -> (group, tile) from the offsets or counts, on the device
     producer.py   TMA (multicast) loads into the smem ring; PDL prefetch and launch trigger
     consumer.py   WGMMA main loop, cooperative or ping-pong
+    promotion.py  the block-scaled fp8 main loop: each k-tile promoted into an f32 sum times its block scales
     fixup.py      in-kernel sums of split tiles' partials (split-K fix-up, stream-K)
     epilogue.py   the DAG on the accumulators, TMA store or direct store
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-MODULES = ("facts", "gemm", "scheduler", "groups", "producer", "consumer", "fixup", "epilogue")
+MODULES = ("facts", "gemm", "scheduler", "groups", "producer", "consumer", "promotion", "fixup", "epilogue")
 _DIR = Path(__file__).resolve().parent
 
 

@@ -102,11 +102,13 @@ class Consumer:
                                                   cutlass.Float32(up_accumulators[ei]))
 
     @cute.jit
-    def consume(self, ab_pipeline, walk, thread, storage, tiled_mma, accumulators, up_accumulators, thr_mma_c, tCrA,
-                tCrB, gC, cC_mnl, sC, c_args, out_mnl, scratch, inputs, staged, num_m, num_n):
+    def consume(self, ab_pipeline, walk, thread, storage, tiled_mma, accs, thr_mma_c, tCrA, tCrB, gC, cC_mnl, sC,
+                c_args, out_mnl, scratch, inputs, staged, num_m, num_n):
         """The consumer warpgroups' loop over this CTA's work. thread: (index in the consumer group, warp,
-        warpgroup, consumer warpgroup)."""
+        warpgroup, consumer warpgroup); accs: the accumulators, a gated kernel's up accumulators, and a
+        block-scaled kernel's Promotion (None where the kernel has none)."""
         consumer_tidx, warp_idx, warp_group_idx, consumer_wg = thread
+        accumulators, up_accumulators, promo = accs
         position = walk.start
         stores = self.store_setup(tiled_mma, accumulators, sC, consumer_tidx)
         group = self.consumer_group(consumer_tidx, warp_idx, warp_group_idx, consumer_wg)
@@ -142,8 +144,12 @@ class Consumer:
             gC_t = gC[(None, None, work.tile_m, work.tile_n, work.store_l)]
             if cutlass.const_expr(self.PINGPONG):
                 turns[0].arrive_and_wait()
-            read_state, release_state = self.mma_tile(ab_pipeline, read_state, release_state, work.k_count,
-                                                      tiled_mma, accumulators, up_accumulators, tCrA, tCrB)
+            if cutlass.const_expr(self.BLOCK_SCALED):
+                read_state, release_state = self.promoting_mma_tile(ab_pipeline, read_state, release_state, work,
+                                                                    tiled_mma, accumulators, tCrA, tCrB, promo)
+            else:
+                read_state, release_state = self.mma_tile(ab_pipeline, read_state, release_state, work.k_count,
+                                                          tiled_mma, accumulators, up_accumulators, tCrA, tCrB)
             if cutlass.const_expr(self.PINGPONG):
                 turns[1].arrive()
                 # skip the stages of the other warpgroup's next tile

@@ -8,7 +8,7 @@ layout atom kinds, ints, bools).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 
@@ -80,14 +80,23 @@ class KernelFacts:
     GROUP_ORDER_M: bool             # map-groups: a group's cluster tiles M fastest (else N fastest)
     STORE_FROM_REGISTERS: bool      # tma-cluster-layout: the output is stored from registers (st_global)
     EPILOGUE_INPUTS: tuple          # EpilogueInput, in the plan's order (none staged when a reduce kernel applies them)
+    # fp8 kernels only (a module without them is a bf16/f16 kernel's)
+    MMA_INST_K: int = 16            # the WGMMA's K: 32 for fp8 operands
+    SCALING: str = "none"           # "tensor" | "row" (scales in the epilogue, among EPILOGUE_INPUTS) | "block"
+    PROMOTE_K: int = 0              # block scaling: K per promotion of the WGMMA result into the f32 sum
 
     @classmethod
     def from_namespace(cls, namespace: dict) -> "KernelFacts":
-        missing = [f.name for f in fields(cls) if f.name not in namespace]
+        missing = [f.name for f in fields(cls) if f.name not in namespace and f.default is MISSING]
         if missing:
             raise NameError(f"the generated SM90 kernel module lacks the facts {missing}; regenerate it with "
                             "gemmc.backends.emit(plan)")
-        return cls(**{f.name: namespace[f.name] for f in fields(cls)})
+        return cls(**{f.name: namespace[f.name] for f in fields(cls) if f.name in namespace})
+
+    @property
+    def BLOCK_SCALED(self) -> bool:
+        """The consumers promote each k-tile into a second, f32 accumulator times its block scales."""
+        return self.SCALING == "block"
 
     # ---- what the facts imply for the kernel's code paths ----
     @property

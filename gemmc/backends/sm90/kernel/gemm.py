@@ -19,6 +19,9 @@ Grouped (GROUPED): B is E x N x K, viewed as (N, K, E) ((N, K, (2, E)) gated); A
 or E x M x . (masked, viewed with L = E); groups.py maps work units to groups from the offsets or counts, read
 on the device after the grid dependency. A contiguous group's A tiles are taken at its first row (a domain
 offset of the one descriptor's coordinates); the output is stored from registers, row-predicated.
+fp8 (MMA_INST_K 32): the fp8 WGMMA. Per tensor and per row the scales are epilogue inputs; per block
+(BLOCK_SCALED) the consumers promote each k-tile's WGMMA accumulator into the f32 one times its block scales
+(promotion.py), the scales passed as block_scales.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from .facts import KernelFacts
 from .fixup import PartialSums
 from .groups import GroupScheduler
 from .producer import Producer
+from .promotion import PromotingMainLoop, Promotion
 from .scheduler import TileScheduler
 
 
@@ -43,7 +47,7 @@ def smem_layout(atom_kind, dtype, shape_2d, stages, major_is_k):
     return cute.tile_to_shape(atom, cute.append(shape_2d, stages), order=(0, 1, 2) if major_is_k else (1, 0, 2))
 
 
-class Sm90Gemm(TileScheduler, GroupScheduler, Producer, Consumer, PartialSums, Epilogue):
+class Sm90Gemm(TileScheduler, GroupScheduler, Producer, Consumer, PromotingMainLoop, PartialSums, Epilogue):
     def __init__(self, facts: KernelFacts, epilogue_dag=None, reduce_partials=None, gate_function=None):
         """epilogue_dag: the generated f32 function of one accumulator element (None: a plain store and cast);
         reduce_partials: the generated host function launching the split-K reduce kernel (REDUCE_KERNEL);
@@ -81,8 +85,9 @@ class Sm90Gemm(TileScheduler, GroupScheduler, Producer, Consumer, PartialSums, E
                                                         cute.make_layout(1, stride=0)))
 
     def input_view(self, t, kind):
-        """An epilogue input: row -> (N, L), col -> (M, L), full -> (M, N, L); a scalar as it is."""
-        if cutlass.const_expr(kind == "scalar"):
+        """An epilogue input: row -> (N, L), col -> (M, L), full -> (M, N, L); a scalar, and a one-element
+        tensor (an fp8 per-tensor scale), as it is."""
+        if cutlass.const_expr(kind in ("scalar", "one")):
             return t
         if cutlass.const_expr(self.BATCHED):
             return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 0] if kind in ("row", "col")
@@ -90,11 +95,12 @@ class Sm90Gemm(TileScheduler, GroupScheduler, Producer, Consumer, PartialSums, E
         return cute.make_tensor(t.iterator, cute.append(t.layout, cute.make_layout(1, stride=0)))
 
     @cute.jit
-    def __call__(self, a, b, out, inputs, workspace, semaphores, groups, stream):
+    def __call__(self, a, b, out, inputs, workspace, semaphores, groups, stream, block_scales=()):
         """a, b, out: the kernel's A (the problem's b when swapped), B and the output, in storage shape; inputs:
         the epilogue inputs (all of the plan's; the main kernel reads them unless a reduce kernel applies the
         epilogue); workspace / semaphores: the split-K scratch (None where the plan has none); groups: a grouped
-        GEMM's offsets or counts (None for any other)."""
+        GEMM's offsets or counts (None for any other); block_scales: a block-scaled fp8 kernel's A and B scales,
+        (M, Kb) and (Nb, Kb)."""
         rows_batched = self.BATCHED or (self.GROUPED and self.GROUP_MASKED)     # A's and the output's L
         a_mkl = self.view(a, not self.A_MAJOR_IS_K, rows_batched)
         b_nkl = self.gated_view(b) if self.GATED else self.view(b, not self.B_MAJOR_IS_K,
@@ -103,8 +109,7 @@ class Sm90Gemm(TileScheduler, GroupScheduler, Producer, Consumer, PartialSums, E
         views = tuple(self.input_view(x, inp_kind) for x, inp_kind in zip(inputs, self.input_kinds()))
 
         tiled_mma = cute.make_tiled_mma(
-            cute.make_mma_atom(warpgroup.MmaF16BF16Op(self.A_DTYPE, self.ACC_DTYPE, (*self.MMA_INST_MN, 16),
-                                                      warpgroup.OperandSource.SMEM, self.A_MAJOR, self.B_MAJOR)),
+            cute.make_mma_atom(self.mma_op()),
             self.MMA_ATOM_LAYOUT)
         tm, tn, tk = self.TILE_MNK
         a_smem = smem_layout(self.A_SMEM_ATOM, self.A_DTYPE, (tm, tk), self.AB_STAGES, self.A_MAJOR_IS_K)
@@ -168,12 +173,20 @@ class Sm90Gemm(TileScheduler, GroupScheduler, Producer, Consumer, PartialSums, E
         scratch = (workspace, semaphores) if cutlass.const_expr(self.SUMS_PARTIALS) else ()
 
         self.kernel(tma_a, tma_a_mkl, tma_b, tma_b_nkl, c_args, out_mnl, tiled_mma, a_smem, b_smem, c_smem, sched,
-                    shared_storage, scratch, kernel_inputs, staged, group_args).launch(
+                    shared_storage, scratch, kernel_inputs, staged, group_args, block_scales).launch(
             grid=grid, block=[self.THREADS, 1, 1], cluster=(*self.CLUSTER_MN, 1), min_blocks_per_mp=1,
             stream=stream, use_pdl=self.PDL)
         if cutlass.const_expr(self.REDUCE_KERNEL):
             # deterministic in-order sum of the partials + the epilogue, in a second kernel
             self.reduce_partials(ws_mnl, out_mnl, views, stream)
+
+    def mma_op(self):
+        """The WGMMA: fp8 (K 32; A and B each e4m3 or e5m2) or bf16/f16 (K 16)."""
+        if cutlass.const_expr(self.MMA_INST_K == 32):
+            return warpgroup.MmaF8Op(self.A_DTYPE, self.B_DTYPE, self.ACC_DTYPE, (*self.MMA_INST_MN, 32),
+                                     warpgroup.OperandSource.SMEM, self.A_MAJOR, self.B_MAJOR)
+        return warpgroup.MmaF16BF16Op(self.A_DTYPE, self.ACC_DTYPE, (*self.MMA_INST_MN, 16),
+                                      warpgroup.OperandSource.SMEM, self.A_MAJOR, self.B_MAJOR)
 
     def input_kinds(self):
         return tuple(i.kind for i in self.EPILOGUE_INPUTS)
@@ -186,7 +199,8 @@ class Sm90Gemm(TileScheduler, GroupScheduler, Producer, Consumer, PartialSums, E
     def kernel(self, tma_a: cute.CopyAtom, mA_mkl: cute.Tensor, tma_b: cute.CopyAtom, mB_nkl: cute.Tensor,
                c_args: tuple, out_mnl: cute.Tensor, tiled_mma: cute.TiledMma, a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout, c_smem: cute.ComposedLayout, sched: tuple,
-               SharedStorage: cutlass.Constexpr, scratch: tuple, inputs: tuple, staged: tuple, group_args: tuple):
+               SharedStorage: cutlass.Constexpr, scratch: tuple, inputs: tuple, staged: tuple, group_args: tuple,
+               block_scales: tuple):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         warp_group_idx = cute.arch.make_warp_uniform(tidx // 128)
@@ -268,6 +282,10 @@ class Sm90Gemm(TileScheduler, GroupScheduler, Producer, Consumer, PartialSums, E
             up_accumulators = cute.make_rmem_tensor(tCgC.shape[:3], self.ACC_DTYPE)
         consumer_tidx = self.consumer_tidx(tidx)
         thr_mma_c = tiled_mma.get_slice(consumer_tidx)
+        promo = None    # block-scaled fp8: each k-tile's WGMMA accumulator, promoted into `accumulators`
+        if cutlass.const_expr(self.BLOCK_SCALED):
+            promo = Promotion(cute.make_rmem_tensor(tCgC.shape[:3], self.ACC_DTYPE), *block_scales, cC_mnl,
+                              thr_mma_c, num_m)
 
         # PDL bands: grids of at most PDL_EARLY_CTAS or at least PDL_FULL_CTAS CTAs prefetch before the wait
         # (below) and let the next kernel in once their last load is issued; mid-sized grids measured slower
@@ -310,5 +328,5 @@ class Sm90Gemm(TileScheduler, GroupScheduler, Producer, Consumer, PartialSums, E
         if warp_group_idx != self.PRODUCER_WG:
             cute.arch.setmaxregister_increase(self.CONSUMER_REGS)
             self.consume(ab_pipeline, walk, (consumer_tidx, warp_idx, warp_group_idx, consumer_wg), storage, tiled_mma,
-                         accumulators, up_accumulators, thr_mma_c, tCrA, tCrB, gC, cC_mnl, sC, c_args, out_mnl, scratch, inputs, staged,
-                         num_m, num_n)
+                         (accumulators, up_accumulators, promo), thr_mma_c, tCrA, tCrB, gC, cC_mnl, sC, c_args,
+                         out_mnl, scratch, inputs, staged, num_m, num_n)
