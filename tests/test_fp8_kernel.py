@@ -198,7 +198,7 @@ def test_block_scaled_kernels_promote_in_the_main_loop_not_the_epilogue():
     c = constants(src)
     assert (c["SCALING"], c["PROMOTE_K"], c["MMA_INST_K"]) == ("'block'", "128", "32")
     assert "def epilogue_dag" not in src and "EPILOGUE_INPUTS = ()" in src     # no user epilogue, no scales there
-    assert "KERNEL(a, b, out, (), None, None, stream, block_scales=(sx, sw))" in src
+    assert "KERNEL(a, b, out, (), None, None, None, stream, block_scales=(sx, sw))" in src   # no groups
     with_bias = emitted(fp8("block", **BIAS)).source
     dag = with_bias[with_bias.index("def epilogue_dag"):with_bias.index("\nKERNEL = ")]
     assert "sx" not in dag and "v0 = cutlass.Float32(acc + " in dag
