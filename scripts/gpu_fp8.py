@@ -14,8 +14,8 @@ Correctness: the inputs are randn spread over rows and 128-blocks and quantized 
 NaN-filled first; relative Frobenius error < 1e-2 and every element within gemmc.reference's bound
 (`checked_error`). torch._scaled_mm's error on the same inputs is recorded beside ours (per tensor and per row).
 
-Timing: CUDA graphs of calls rotating over input sets of >= 2x L2, the median of repeats; torch, then each of
-our kernels, then torch again (its better median kept), in one process. Baselines: torch._scaled_mm
+Timing: CUDA graphs of calls rotating over input sets of >= 2x L2, torch's and each of our kernels' graphs
+replayed interleaved repeat by repeat, the median per side, in one process (gemmc.bench.graph_timing). Baselines: torch._scaled_mm
 (use_fast_accum=True, the accumulation our kernels do) per tensor and per row; per block, which this torch's
 _scaled_mm does not take, a torch implementation (both operands dequantized to bf16, then torch.matmul), and
 for context the bf16 torch.matmul of the dequantized operands alone (no dequantization in the timed call).
@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gemmc.backends.sm90 import emit  # noqa: E402
+from gemmc.bench.graph_timing import time_sides  # noqa: E402
 from gemmc.compiler import lower  # noqa: E402
 from gemmc.reference import checked_error, make_inputs  # noqa: E402
 from gemmc.schedule import Schedule  # noqa: E402
@@ -188,35 +188,6 @@ def check(name, fn, spec, shapes, dev, log):
     return results
 
 
-def time_graph(calls, reps=10) -> float:
-    """Median seconds per call of `calls` (zero-arg launches over rotating inputs) replayed in a CUDA graph."""
-    import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for c in calls:   # warm up (and allocate) outside the graph
-            c()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    inner = max(1, math.ceil(20 / len(calls)))
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            for c in calls:
-                c()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) / 1e3 / (inner * len(calls)))
-    return statistics.median(times)
-
-
 def baseline_calls(mode, sets):
     """(torch's fp8 GEMM, and per block the bf16 GEMM of the dequantized operands) over the input sets."""
     import torch
@@ -250,14 +221,16 @@ def speed(mode: str, fns: dict, shapes, dev, log, rows=None, save=lambda: None):
         flops = 2.0 * m * n * k
         row = {"mode": mode, "m": m, "n": n, "k": k, "input_sets": nsets}
         base, bf16 = baseline_calls(mode, sets)
-        row["torch_s"] = time_graph(base)
+        sides = {"torch": base}
         for name, fn in fns.items():
             f = fn(n, k) if callable(fn) and getattr(fn, "per_nk", False) else fn
-            row[name + "_s"] = time_graph([lambda a=a, b=b, sa=sa, sb=sb, o=o, f=f: f(a, b, sa, sb, out=o)
-                                           for a, b, sa, sb, o, _ in sets])
-        row["torch_s"] = min(row["torch_s"], time_graph(base))
+            sides[name] = [lambda a=a, b=b, sa=sa, sb=sb, o=o, f=f: f(a, b, sa, sb, out=o)
+                           for a, b, sa, sb, o, _ in sets]
         if bf16 is not None:
-            row["bf16_matmul_s"] = time_graph(bf16)
+            sides["bf16_matmul"] = bf16
+        # every side in its own CUDA graph, the replays interleaved repeat by repeat (gemmc.bench.graph_timing)
+        for side, seconds in time_sides(sides).items():
+            row[side + "_s"] = seconds
         best = min(fns, key=lambda nm: row[nm + "_s"])
         row["best"] = best
         row["torch_tflops"] = flops / row["torch_s"] / 1e12

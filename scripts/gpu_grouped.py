@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gemmc.bench.grouped_timing import time_sides  # noqa: E402
+from gemmc.bench.graph_timing import time_sides  # noqa: E402
 from gemmc.bench.moe import MODELS, ROUTINGS, TOKENS, model, offsets_of, route, spec_of  # noqa: E402
 from gemmc.schedule import Schedule  # noqa: E402
 from gemmc.spec import EpilogueInput, EpilogueOp, GemmSpec, Ref  # noqa: E402
