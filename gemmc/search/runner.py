@@ -96,10 +96,38 @@ class Runner:
             return f"{type(e).__name__}: {e}".strip()[:500]
         return None
 
+    def _respin(self) -> None:
+        """After a compile batch (or the first time) the clocks are low: bring them back before timing."""
+        from ..bench.timing import spin_up
+        if self._busy_until is None or time.perf_counter() - self._busy_until > RESPIN_AFTER_IDLE_S:
+            spin_up(device=self.device)
+
+    def _guarded(self, where: str, schedule: Schedule, run):
+        """(run(), None), or (None, the schedule's failed Measurement) where run raised. A GPU already unusable
+        is not this schedule's doing: GpuLostError, nothing stored; one this schedule left unusable: GpuLostError
+        carrying its failed Measurement."""
+        fault = self._gpu_fault()
+        if fault is not None:
+            raise GpuLostError(f"the GPU was unusable before measuring {where} ({fault}); nothing more can be "
+                               f"measured in this process, and {schedule.short()} was not stored: {_RESUME}")
+        try:
+            return run(), None
+        except Exception as e:
+            error = f"run: {type(e).__name__}: {e}"[:2000]
+            fault = self._gpu_fault()
+            if fault is not None:   # the GPU was fine before: this schedule broke it
+                raise GpuLostError(
+                    f"measuring {where} left the GPU unusable ({fault}); {schedule.short()} is stored as failed "
+                    f"and nothing after it was measured: {_RESUME}",
+                    Measurement(schedule, None, f"{error} [it left the GPU unusable: {fault}]"[:2000])) from e
+            return None, Measurement(schedule, None, error)
+        finally:
+            self._busy_until = time.perf_counter()
+
     def _measure_gpu(self, spec: GemmSpec, schedule: Schedule, arch: str, kernel_spec: GemmSpec) -> Measurement:
         import gemmc
         from ..bench.fp8 import baseline, fp8_call
-        from ..bench.timing import CudaClock, TimingConfig, bench_shape, spin_up
+        from ..bench.timing import CudaClock, TimingConfig, bench_shape
         if spec.grouped:
             return self._measure_grouped(spec, schedule, arch, kernel_spec)
         fp8 = spec.scaling is not None
@@ -113,32 +141,18 @@ class Runner:
         if self._clock is None:
             self._clock = CudaClock(graphs=not self.timing.host_timing)
         where = f"{schedule.short()} on {spec.m}x{spec.n}x{spec.k}"
-        fault = self._gpu_fault()
-        if fault is not None:       # not this schedule's doing: it is left unmeasured, and unstored
-            raise GpuLostError(f"the GPU was unusable before measuring {where} ({fault}); nothing more can be "
-                               f"measured in this process, and {schedule.short()} was not stored: {_RESUME}")
-        try:
+
+        def run():
             kernel = gemmc.compile(kernel_spec, schedule=schedule, arch=arch)
             shape, sets = self._inputs(spec)
-            # after a compile batch (or the first time) the clocks are low: bring them back before timing
-            if self._busy_until is None or time.perf_counter() - self._busy_until > RESPIN_AFTER_IDLE_S:
-                spin_up(device=self.device)
+            self._respin()
             if fp8:
-                rec = bench_shape(shape, fp8_call(kernel), sets, self._clock, self.timing,
-                                  baseline(spec.scaling.mode))
-            else:
-                rec = bench_shape(shape, kernel, sets, self._clock, self.timing)
-        except Exception as e:
-            error = f"run: {type(e).__name__}: {e}"[:2000]
-            fault = self._gpu_fault()
-            if fault is not None:   # the GPU was fine before: this schedule broke it
-                raise GpuLostError(
-                    f"measuring {where} left the GPU unusable ({fault}); {schedule.short()} is stored as failed "
-                    f"and nothing after it was measured: {_RESUME}",
-                    Measurement(schedule, None, f"{error} [it left the GPU unusable: {fault}]"[:2000])) from e
-            return Measurement(schedule, None, error)
-        finally:
-            self._busy_until = time.perf_counter()
+                return bench_shape(shape, fp8_call(kernel), sets, self._clock, self.timing,
+                                   baseline(spec.scaling.mode))
+            return bench_shape(shape, kernel, sets, self._clock, self.timing)
+        rec, failed = self._guarded(where, schedule, run)
+        if failed is not None:
+            return failed
         if rec.get("status") != "ok":
             return Measurement(schedule, None, f"{CHECK_FAILED}{rec.get('error')}")   # db.failed_check reads it
         # cublas_us is the cuBLAS time paired with this gemmc time: gemmc median x the median per-repeat
@@ -153,29 +167,16 @@ class Runner:
         CUDA graphs); torch._grouped_mm's time is stored as the row's baseline (cublas_us)."""
         import gemmc
         from ..bench.grouped_timing import measure_grouped
-        from ..bench.timing import spin_up
         from ..choose.group_keys import rows_per_group
         where = f"{schedule.short()} on {spec.name} ({spec.m} rows over {spec.groups} groups)"
-        fault = self._gpu_fault()
-        if fault is not None:
-            raise GpuLostError(f"the GPU was unusable before measuring {where} ({fault}); nothing more can be "
-                               f"measured in this process, and {schedule.short()} was not stored: {_RESUME}")
-        try:
+
+        def run():
             kernel = gemmc.compile(kernel_spec, schedule=schedule, arch=arch)
-            if self._busy_until is None or time.perf_counter() - self._busy_until > RESPIN_AFTER_IDLE_S:
-                spin_up(device=self.device)
-            rec = measure_grouped(spec, kernel, rows_per_group(spec))
-        except Exception as e:
-            error = f"run: {type(e).__name__}: {e}"[:2000]
-            fault = self._gpu_fault()
-            if fault is not None:
-                raise GpuLostError(
-                    f"measuring {where} left the GPU unusable ({fault}); {schedule.short()} is stored as failed "
-                    f"and nothing after it was measured: {_RESUME}",
-                    Measurement(schedule, None, f"{error} [it left the GPU unusable: {fault}]"[:2000])) from e
-            return Measurement(schedule, None, error)
-        finally:
-            self._busy_until = time.perf_counter()
+            self._respin()
+            return measure_grouped(spec, kernel, rows_per_group(spec))
+        rec, failed = self._guarded(where, schedule, run)
+        if failed is not None:
+            return failed
         if not rec["ok"]:
             return Measurement(schedule, None, f"{CHECK_FAILED}{rec['of_bound']:.3g} of the elementwise bound "
                                "against each group's fp32 reference (NaN: a row of no group written)")
