@@ -8,11 +8,11 @@ and from `gemmc bench --policy heuristic` reports (the table's checks: the heuri
                 bench/results/2026-12-01-h200-tuning-db-session17.json \
                 bench/results/2026-12-01-h200-tuning-db-session18.json \
                 bench/results/2026-12-01-h200-tuning-db-session19.json \
-        --checks bench/results/2026-12-01-h200-heuristic-checks-session11*.json \
-                 bench/results/2026-12-01-h200-heuristic-checks-session12-*.json \
+        --checks bench/results/2026-12-01-h200-heuristic-checks-session11*.json* \
+                 bench/results/2026-12-01-h200-heuristic-checks-session12-*.json* \
                  bench/results/2026-12-01-h200-heuristic-checks-session13-a.json \
                  bench/results/2026-12-01-h200-heuristic-checks-session15-a.json \
-        --sustained bench/results/2026-12-01-h200-llm-auto-sustained-session16.json \
+        --sustained bench/results/2026-12-01-h200-llm-auto-sustained-session16.json.gz \
         --gpu "NVIDIA H200" --out gemmc/choose/pretuned_data/h200.json
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from gemmc.bench.dataset import load_dataset
+from gemmc.bench.report import read_json
 from gemmc.choose.pretuned import PretunedEntry, build_table, with_checks, with_entries
 from gemmc.schedule import Schedule
 
@@ -94,7 +95,7 @@ def heuristic_checks(paths, gpu: str, arch: str) -> list:
     `--policy heuristic` on `gpu` and `arch` with bf16 inputs (the table's problem class)."""
     out = []
     for path in paths:
-        report = json.loads(Path(path).read_text())
+        report = read_json(path)
         name = report.get("environment", {}).get("gpu", {}).get("name")
         if (report.get("policy"), name, report.get("arch"), report.get("dtype")) != ("heuristic", gpu, arch, "bf16"):
             raise ValueError(f"{path}: policy {report.get('policy')!r} on {name!r} ({report.get('arch')}, "
@@ -113,7 +114,7 @@ def sustained_entries(paths, gpu: str, arch: str, table) -> list:
     `arch` with bf16 inputs and was timed with --sustained-s."""
     out = []
     for path in paths:
-        report = json.loads(Path(path).read_text())
+        report = read_json(path)
         name = report.get("environment", {}).get("gpu", {}).get("name")
         seconds = report.get("method", {}).get("config", {}).get("sustained_s", 0)
         if (name, report.get("arch"), report.get("dtype")) != (gpu, arch, "bf16") or not seconds:

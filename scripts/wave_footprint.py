@@ -17,7 +17,6 @@ experiments.power_clock_candidates.rows.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -28,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gemmc.backends.common import grouped_raster_source  # noqa: E402
 from gemmc.bench.policy import parse_schedule  # noqa: E402
+from gemmc.bench.report import read_json  # noqa: E402
 from gemmc.schedule import ARCH_LIMITS, Schedule  # noqa: E402
 
 
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
             print(f"{args.shape} {name}: {total / 1e9:.2f} GB over {waves} waves, "
                   f"{bytes_per_kflop(m, n, k, s):.3f} B/kFLOP")
     if args.power:
-        pts = footprint_vs_clock(power_rows(json.loads(Path(args.power).read_text())))
+        pts = footprint_vs_clock(power_rows(read_json(args.power)))
         for p in sorted(pts, key=lambda p: p["bytes_per_kflop"]):
             print(f"{p['shape']:18s} {p['schedule']:40s} {p['bytes_per_kflop']:6.3f} B/kFLOP  clock x{p['clock']:.3f}"
                   f"  cycles x{p['cycles']:.3f}  speed {p['speed']:.3f}")

@@ -8,6 +8,7 @@ import pytest
 
 import gemmc
 from gemmc.bench.dataset import load_dataset
+from gemmc.bench.report import read_json
 from gemmc.choose.auto import resolve_auto
 from gemmc.choose.pretuned import DATA_DIR, build_table, load_tables, table_for, table_from_json
 from gemmc.schedule import Schedule, is_valid
@@ -23,13 +24,13 @@ TUNED = [ROOT / "bench" / "results" / "2026-12-01-h200-llm-tuning-db-session10.j
          ROOT / "bench" / "results" / "2026-12-01-h200-tuning-db-session17.json",     # sw8 256x160, own clock
          ROOT / "bench" / "results" / "2026-12-01-h200-tuning-db-session18.json",     # M = 64/128, BK 128
          ROOT / "bench" / "results" / "2026-12-01-h200-tuning-db-session19.json"]     # M = 64, 112-wide tiles
-CHECKS = ([ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-session11{part}.json"
+CHECKS = ([ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-session11{part}.json.gz"
            for part in ("-set3", "-set4", "")]
-          + [ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-session12-{part}.json"
-             for part in "abcdefg"]
+          + [ROOT / "bench" / "results" / f"2026-12-01-h200-heuristic-checks-session12-{part}"
+             for part in ("a.json.gz", "b.json", "c.json", "d.json", "e.json.gz", "f.json.gz", "g.json")]
           + [ROOT / "bench" / "results" / "2026-12-01-h200-heuristic-checks-session13-a.json",
              ROOT / "bench" / "results" / "2026-12-01-h200-heuristic-checks-session15-a.json"])
-SUSTAINED = [ROOT / "bench" / "results" / "2026-12-01-h200-llm-auto-sustained-session16.json"]  # bench --sustained-s 1
+SUSTAINED = [ROOT / "bench" / "results" / "2026-12-01-h200-llm-auto-sustained-session16.json.gz"]  # bench --sustained-s 1
 # bench --policy heuristic; a later report's row wins (13-a: the 2-split picks again, on the in-kernel fix-up;
 # 15-a: the two checks whose pick changed when 0.3.3 sized the fix-up's epilogue staging by the output dtype)
 
@@ -151,7 +152,7 @@ def test_the_build_script_refuses_a_sweep_of_another_class(tmp_path):
 
 
 def test_the_build_script_takes_checks_only_from_heuristic_benches(tmp_path):
-    report = json.loads(CHECKS[0].read_text())
+    report = read_json(CHECKS[0])
     auto = tmp_path / "auto.json"
     auto.write_text(json.dumps({**report, "policy": "auto"}))
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_pretuned.py"), *map(str, DATA),
@@ -285,7 +286,7 @@ def test_long_calls_take_the_verdict_of_their_sustained_timing(tmp_path):
     timed units. Under the 700 W cap the 128x128 ping-pong kernel of 16384x57344x8192 clocked 1170-1245 MHz
     against cuBLAS's ~1400 and read 0.871x, where short interleaved units had read it 1.045x faster. Its
     entry now holds the sustained times, so `auto` runs torch.matmul there; a short call keeps its burst times."""
-    report = json.loads(SUSTAINED[0].read_text())
+    report = read_json(SUSTAINED[0])
     rows = {(r["m"], r["n"], r["k"]): r for r in report["results"]}
     t = h200()
     e = t.entries[(16384, 57344, 8192)]
@@ -325,7 +326,7 @@ def test_own_clock_tune_rows_replace_the_entries_they_beat(tmp_path):
 
 
 def test_the_build_script_takes_sustained_times_only_from_sustained_benches(tmp_path):
-    report = json.loads(SUSTAINED[0].read_text())
+    report = read_json(SUSTAINED[0])
     burst = tmp_path / "burst.json"
     burst.write_text(json.dumps({**report, "method": {**report["method"],
                                                       "config": {**report["method"]["config"], "sustained_s": 0.0}}}))

@@ -351,7 +351,7 @@ def test_the_swapped_batch_space_pairs_activation_tiles_in_a_cluster_and_fills_s
     swapped = [s for s in enumerate_schedules(spec, "sm_90a") if s.swap_ab]
     assert {s.tile[1] for s in swapped} == {32, 64} and {s.cluster for s in swapped} == {(1, 1), (1, 2)}
     assert all(s.split_k == 1 and is_valid(s, spec) for s in swapped)
-    # the H200 winners at M = 64 / 128 are in it (bench/results/2026-11-30-h200-session7.json)
+    # the H200 winners at M = 64 / 128 are in it (bench/results/2026-11-30-h200-session7.json.gz)
     for name in ("64x32x128_c1x2_pp_s9_rm_sw1_k1_swap", "128x32x64_c1x2_pp_s10_rm_sw1_k1_swap",
                  "64x64x128_c1x1_pp_sauto_rm_sw1_k1_swap", "64x64x128_c1x2_pp_sauto_rm_sw1_k1_swap"):
         assert name in {s.short() for s in swapped}, name

@@ -24,6 +24,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1] / "gemmc"
 
 
@@ -230,3 +232,24 @@ def test_gemmc_carries_no_run_history():
     assert not new, "run history in gemmc/ (move it to bench/results/):\n" + "\n".join(
         f"  {f}:{line}" for f, lines in new.items() for line in lines)
     assert KNOWN_RUN_HISTORY <= set(found), f"no run history left in {sorted(KNOWN_RUN_HISTORY - set(found))}: unpin it"
+
+
+# ---- the tree's size ---------------------------------------------------------------------------------------
+
+# A GPU run without a package index ships the checkout beside the CuTe DSL bundle (about 59 MB,
+# ../shared/gpu/README.md) in 64 MiB: the tracked tree keeps under 8 MB (keep large reports gzipped, as
+# bench/results' .json.gz files are; gemmc.bench.report.read_json reads either).
+TREE_LIMIT_BYTES = 8_000_000
+
+
+def test_the_tracked_tree_leaves_room_for_the_gpu_bundle():
+    root = ROOT.parent
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout")
+    files = [root / f for f in out.stdout.split("\0") if f]
+    sizes = {str(f.relative_to(root)): f.stat().st_size for f in files if f.is_file()}
+    total = sum(sizes.values())
+    largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
+    assert total < TREE_LIMIT_BYTES, (f"the tracked tree is {total} bytes, over {TREE_LIMIT_BYTES}; the largest: "
+                                      f"{largest} (gzip large reports, or move data out of the tree)")

@@ -1,6 +1,5 @@
 """scripts/wave_footprint.py: the wave model follows the kernel's own tile order, and on the session-16
 power_clock rows its footprint tracks the power-capped clock."""
-import json
 import math
 from pathlib import Path
 
@@ -11,7 +10,7 @@ from gemmc.bench.policy import parse_schedule
 from gemmc.schedule import ARCH_LIMITS
 
 wf = load_script("wave_footprint")
-RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "2026-12-01-h200-session16.json"
+RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results" / "2026-12-01-h200-session16.json.gz"
 
 
 def test_one_wave_of_a_small_grid_reads_each_operand_once():
@@ -42,7 +41,7 @@ def test_a_plain_raster_reads_all_of_a_every_wave_and_grouping_fixes_it():
 def test_on_the_h200_the_footprint_tracks_the_power_capped_clock():
     """Session 16, scripts/power_clock.py: 38 gemmc sides on 2-CTA clusters, each timed alone at the 700 W cap
     beside cuBLAS. The more bytes per FLOP a wave pulls, the lower the clock it sustains."""
-    pts = wf.footprint_vs_clock(wf.power_rows(json.loads(RESULTS.read_text())))
+    pts = wf.footprint_vs_clock(wf.power_rows(wf.read_json(RESULTS)))
     two = [p for p in pts if p["cluster_ctas"] == 2]
     assert len(two) == 38
     assert wf.pearson([p["bytes_per_kflop"] for p in two], [p["clock"] for p in two]) < -0.6

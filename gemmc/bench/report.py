@@ -3,6 +3,7 @@ the summary line and the ratio plot (matplotlib, imported only when plotting).""
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 import math
 import platform
@@ -168,11 +169,19 @@ def write_json(report: dict, path) -> Path:
     return path
 
 
+def read_json(path):
+    """A JSON file's contents, gzipped or not (the larger reports under bench/results are kept as .json.gz)."""
+    raw = Path(path).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return json.loads(raw.decode())
+
+
 def load_json(path) -> dict:
-    """A report written by write_json; ValueError naming the file where it is not one."""
+    """A report written by write_json (or gzipped since); ValueError naming the file where it is not one."""
     try:
-        report = json.loads(Path(path).read_text())
-    except UnicodeDecodeError:
+        report = read_json(path)
+    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError):
         raise ValueError(f"{path}: not a gemmc bench report (not text)") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not a gemmc bench report (not JSON: {e})") from None
