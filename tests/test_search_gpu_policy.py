@@ -553,3 +553,31 @@ def test_gemmc_search_exports_the_simulator_functions_the_cli_and_the_example_us
     assert not _imported_from(example, "gemmc.search.simulate", 0)
     for name in public:                                 # the package docstring shows each
         assert f"{name}(" in gemmc.search.__doc__
+
+
+# ---- fp8 and grouped rows ------------------------------------------------------------------------------
+
+FP8 = gemmc.GemmSpec(128, 4096, 4096, dtype="f8e4m3", b_dtype="f8e5m2", scaling="row")
+GROUPED = gemmc.GemmSpec(8 * 64, 1536, 4096, groups=8, group_layout="contiguous")
+
+
+def test_fp8_rows_train_the_policy_as_fp8_problems_and_grouped_rows_are_left_out(tmp_path):
+    from gemmc.choose.features import SHAPE_FEATURES, shape_features
+    from gemmc.search.rl import examples_from_db, policy_spec, train_policy_from_db
+    db = TuningDB(tmp_path / "t.sqlite")
+    _record(db, H200, P1, [40.0, 45.0, 50.0])
+    _record(db, H200, FP8, [20.0, 25.0, 30.0])
+    _record(db, H200, GROUPED, [30.0, 35.0])
+    # the DB key's problem, rebuilt: the fp8 scaling and B's dtype come back from its epilogue class
+    assert policy_spec(problem_fields(FP8, "sm_90a")) == FP8
+    assert policy_spec(problem_fields(GROUPED, "sm_90a")) is None
+    ex = examples_from_db(db, H200)
+    assert sorted(e.spec.dtype.value for e in ex) == ["bf16", "f8e4m3"]
+    fp8_row = dict(zip(SHAPE_FEATURES, shape_features(FP8)))
+    assert (fp8_row["dtype_f8e4m3"], fp8_row["b_f8e5m2"], fp8_row["scaling_row"], fp8_row["scaling_block"]) == \
+        (1.0, 1.0, 1.0, 0.0)
+    assert train_policy_from_db(db, epochs=2, gpu_name=H200).trained_shapes == 2
+    # auto asks the policy for an fp8 problem it has not seen
+    ask = gemmc.GemmSpec(2048, 1024, 8192, dtype="f8e4m3", scaling="tensor")
+    d = resolve_auto(ask, "sm_90a", db=db, gpu_name=H200, pretuned=False)
+    assert d.source == "policy", d

@@ -133,9 +133,8 @@ def _first_usable_neighbour(tdb, conc: GemmSpec, arch: str, near: list, whys: di
 
 
 def neighbour_step(tdb, conc: GemmSpec, arch: str, gpu_name: Optional[str], passed: list) -> Optional[Decision]:
-    """Step 3: a tuned neighbour's pick, else the policy's (not for fp8: its features have no fp8), else a farther
-    tuned shape's; None when none answers. The neighbours' picks passed over are appended to `passed`, nearest
-    first."""
+    """Step 3: a tuned neighbour's pick, else the policy's, else a farther tuned shape's; None when none answers.
+    The neighbours' picks passed over are appended to `passed`, nearest first."""
     far = _farther(tdb, conc, arch, gpu_name)
     whys: dict = {}
     here: dict = {}
@@ -143,8 +142,7 @@ def neighbour_step(tdb, conc: GemmSpec, arch: str, gpu_name: Optional[str], pass
     e = _first_usable_neighbour(tdb, conc, arch, close, whys, here, passed)
     if e is not None:
         return Decision(e.schedule, "nearest", detail=f"tuned {_shape_of(e)}")
-    # the policy's features encode bf16/f16 problems only (gemmc.choose.features): an fp8 one is not asked
-    pol = _policy(tdb, gpu_name) if not conc.is_fp8 else None
+    pol = _policy(tdb, gpu_name)
     if pol is not None:
         feasible = enumerate_schedules(conc, arch)
         if feasible:

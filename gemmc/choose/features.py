@@ -19,7 +19,8 @@ from ..types import DType
 
 FEATURE_VERSION = 5      # 2: swap_ab among the choices, the A/B ring depth, derived features of the kernel's problem;
                          # 3: tile N 8 (swapped 8-wide activation tiles); 4: tile N 48, 80, 112 (odd_n_tiles);
-                         # 5: the L2 fields (eviction priorities of a, b and the store; the PDL prefetch depth)
+                         # 5: the L2 fields (eviction priorities of a, b and the store; the PDL prefetch depth);
+                         #    fp8 problems (A's dtype f8e4m3, an f8e5m2 B, the scaling)
 
 TILE_M_VOCAB = (64, 128, 256)
 TILE_N_VOCAB = (8, 16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)
@@ -27,11 +28,13 @@ TILE_K_VOCAB = (32, 64, 128)
 CLUSTER_VOCAB = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4))
 SWIZZLE_VOCAB = (1, 2, 4, 8)
 SPLIT_K_VOCAB = (1, 2, 4, 8, 16)
-DTYPE_VOCAB = (DType.bf16, DType.f16)
+DTYPE_VOCAB = (DType.bf16, DType.f16, DType.f8e4m3)
 OUT_DTYPE_VOCAB = (DType.bf16, DType.f16, DType.f32)
+SCALING_VOCAB = ("tensor", "row", "block")      # an fp8 problem's scaling (none: bf16/f16)
 
 SHAPE_FEATURES = ("log2_m", "log2_n", "log2_k", "log2_mn_over_k", *(f"dtype_{d}" for d in DTYPE_VOCAB),
-                  *(f"out_{d}" for d in OUT_DTYPE_VOCAB), "a_km", "b_kn", "has_epilogue", "acc_f16")
+                  *(f"out_{d}" for d in OUT_DTYPE_VOCAB), "a_km", "b_kn", "has_epilogue", "acc_f16",
+                  "b_f8e5m2", *(f"scaling_{x}" for x in SCALING_VOCAB))
 
 DERIVED_FEATURES = ("log2_ctas", "waves", "wave_eff", "pad_eff_m", "pad_eff_n", "cluster_pad_eff",
                     "log2_k_iters", "log2_tile_area", "log2_bytes_per_flop", "log2_stages")
@@ -46,7 +49,8 @@ def shape_features(spec: GemmSpec) -> list[float]:
     return [math.log2(m), math.log2(n), math.log2(k), math.log2(m * n / k),
             *_onehot(spec.dtype, DTYPE_VOCAB), *_onehot(spec.out_dtype, OUT_DTYPE_VOCAB),
             float(spec.a_layout == "km"), float(spec.b_layout == "kn"), float(spec.has_epilogue),
-            float(spec.acc_dtype == DType.f16)]
+            float(spec.acc_dtype == DType.f16), float(spec.b_dtype == DType.f8e5m2),
+            *_onehot(spec.scaling.mode if spec.scaling is not None else None, SCALING_VOCAB)]
 
 
 def derived_features(s: Schedule, spec: GemmSpec) -> list[float]:

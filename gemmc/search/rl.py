@@ -169,6 +169,22 @@ class RLStrategy(BaseStrategy):
         return self._take([self.problem.candidates[i] for i in order[:n]])
 
 
+def policy_spec(f: dict) -> Optional[GemmSpec]:
+    """The problem of a tuning-DB key (its fields) as the policy's features describe it: its dims, dtypes and
+    layouts, and an fp8 problem's scaling (named in its epilogue class, e.g. 'scaled_row_f8e5m2:...'); None for
+    a grouped GEMM's key, whose dims are a bucket of rows per group, which the features do not describe."""
+    cls = f["epilogue_class"]
+    if cls.startswith("grouped_"):
+        return None
+    fp8 = {}
+    scaled = [op for op in cls.split(":")[0].split("+") if op.startswith("scaled_")]
+    if scaled:                  # scaled_<mode>[_<B's dtype>]
+        mode, _, b_dtype = scaled[0][len("scaled_"):].partition("_")
+        fp8 = {"scaling": mode, "b_dtype": b_dtype or f["dtype"]}
+    return GemmSpec(f["m"], f["n"], f["k"], dtype=f["dtype"], out_dtype=f["out_dtype"], acc_dtype=f["acc_dtype"],
+                    a_layout=f["a_layout"], b_layout=f["b_layout"], **fp8)
+
+
 def examples_from_db(db, gpu_name: Optional[str] = None) -> list[ShapeExamples]:
     """Every stored problem (plain or not) as training data: with `gpu_name`, only the rows measured on that
     GPU; else every GPU's, each GPU's rows of a problem one example (a verdict holds on the GPU it was
@@ -185,9 +201,9 @@ def examples_from_db(db, gpu_name: Optional[str] = None) -> list[ShapeExamples]:
             by_problem.setdefault((r["problem"], r["gpu_name"]), []).append(r)
     out = []
     for (key, gpu), rows in by_problem.items():
-        f = _json.loads(key)
-        spec = GemmSpec(f["m"], f["n"], f["k"], dtype=f["dtype"], out_dtype=f["out_dtype"],
-                        acc_dtype=f["acc_dtype"], a_layout=f["a_layout"], b_layout=f["b_layout"])
+        spec = policy_spec(_json.loads(key))
+        if spec is None:
+            continue
         figs = [x for x in schedule_figures(rows) if describes(x.schedule)]
         ranked = rank_by_verdict(figs)       # the DB verdict's rule: paired schedules, else all by time
         if not ranked:
