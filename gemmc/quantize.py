@@ -40,12 +40,16 @@ def _expand(scale, rows: int, cols: int, row_block: int):
 
 def dequantize(x, scale):
     """x (rows x K) times its scale, in f32; the scale's shape says the scaling (module doc). A per-row-block
-    scale of a 1-row x reads as per row (they are the same)."""
+    scale of a 1-row x reads as per row (they are the same). A grouped operand, x (E, rows, K) with block scales
+    of the same leading E (a grouped GEMM's B, or a masked one's A), is each group's rows times its scales."""
     import torch
-    xf = x.float()
     s = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
+    if x.dim() == 3 and s.dim() == 3 and s.shape[0] == x.shape[0]:
+        return torch.stack([dequantize(x[g], s[g]) for g in range(x.shape[0])]) if x.shape[0] else x.float()
+    xf = x.float()
     if x.dim() != 2:
-        raise ValueError(f"dequantize: x is {x.dim()}-D; fp8 operands are 2-D (rows x K)")
+        raise ValueError(f"dequantize: x is {x.dim()}-D; fp8 operands are 2-D (rows x K), or 3-D (E, rows, K) "
+                         "with block scales of the same E")
     rows, cols = x.shape
     if s.numel() == 1 and s.dim() <= 1:
         return xf * s.reshape(())

@@ -26,6 +26,7 @@ from .activations import EPILOGUE_OP, GATES, TORCH_FORWARD
 from .kernels import _arch, _input_dtype, _positive, compiled
 
 LAYOUTS = ("contiguous", "masked")
+FP8_WEIGHT_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 GROUPED_GATES = ("none",) + GATES
 GROUPED_KERNELS: dict[tuple, object] = {}      # (layout, n, k, dtype as given, gate) -> kernel
 
@@ -60,9 +61,10 @@ def grouped_kernel(layout: str, n: int, k: int, dtype, gate: str = "none", arch=
     return kern
 
 
-def grouped_call_problem(a, weight, groups, layout, gate) -> tuple[type, str] | None:
+def grouped_call_problem(a, weight, groups, layout, gate, fp8: bool = False) -> tuple[type, str] | None:
     """(error class, what is wrong) with a gemmc::grouped_gemm call, else None. Reads shapes, dtypes and devices
-    only (fake tensors work); the offsets' values are the kernel's to clamp (GEMMC_VALIDATE=1 checks them)."""
+    only (fake tensors work); the offsets' values are the kernel's to clamp (GEMMC_VALIDATE=1 checks them).
+    `fp8`: gemmc::grouped_scaled_gemm's operands, an e4m3 a and an e4m3 or e5m2 weight."""
     if layout not in LAYOUTS:
         return SpecError, f"layout {layout!r}; use one of {LAYOUTS}"
     if gate not in GROUPED_GATES:
@@ -86,13 +88,18 @@ def grouped_call_problem(a, weight, groups, layout, gate) -> tuple[type, str] | 
                              "offs): convert it where the router writes it")
     if gate != "none" and rows % 2:
         return LaunchError, f"weight has {rows} rows per expert; a gated weight is [gate; up], an even number"
-    if a.dtype != weight.dtype:
+    if fp8 and (a.dtype != torch.float8_e4m3fn or weight.dtype not in FP8_WEIGHT_DTYPES):
+        return LaunchError, (f"a is {a.dtype} and weight {weight.dtype}; fp8 operands are a torch.float8_e4m3fn "
+                             "a and a torch.float8_e4m3fn or torch.float8_e5m2 weight (gemmc.quantize.quantize "
+                             "makes them)")
+    if not fp8 and a.dtype != weight.dtype:
         return LaunchError, f"a is {a.dtype} but weight is {weight.dtype}: cast them to one dtype"
     if not a.device == weight.device == groups.device:
         return LaunchError, (f"a, weight and groups are on {a.device}, {weight.device} and {groups.device}: move "
                              "them to one device (the groups stay on the GPU: nothing is read on the host)")
-    if a.device.type == "cuda" and a.dtype not in (torch.bfloat16, torch.float16):
-        return LaunchError, f"the operands are {a.dtype}; gemmc kernels take torch.bfloat16 or torch.float16"
+    if not fp8 and a.device.type == "cuda" and a.dtype not in (torch.bfloat16, torch.float16):
+        return LaunchError, (f"the operands are {a.dtype}; gemmc kernels take torch.bfloat16 or torch.float16 "
+                             "(fp8 ones with their block scales: gemmc::grouped_scaled_gemm)")
     return None
 
 
