@@ -24,8 +24,8 @@ from torch.library import Library, register_fake
 from ..errors import LaunchError, SpecError
 from ..spec import SCALE_BLOCK, GemmSpec, Scaling, scale_shapes
 from ..types import DType
-from .grouped import LAYOUTS, grouped_call_problem, grouped_reference
-from .kernels import _arch, _positive, compiled
+from .grouped import LAYOUTS, grouped_call_problem, grouped_reference, launch_grouped, raise_call_problem
+from .kernels import _positive, registered
 
 OUT_DTYPE = torch.bfloat16
 WEIGHT_DTYPES = {torch.float8_e4m3fn: DType.f8e4m3, torch.float8_e5m2: DType.f8e5m2}
@@ -51,14 +51,8 @@ def grouped_scaled_spec(layout: str, n: int, k: int, weight_dtype=torch.float8_e
 
 def grouped_scaled_kernel(layout: str, n: int, k: int, weight_dtype=torch.float8_e4m3fn, arch=None):
     """The shared gemmc grouped fp8 kernel (grouped_scaled_spec), called k(x, weight, sx, sw, groups)."""
-    fast = arch is None
-    key = (layout, n, k, weight_dtype)
-    kern = GROUPED_SCALED_KERNELS.get(key) if fast else None
-    if kern is None:
-        kern = compiled(grouped_scaled_spec(layout, n, k, weight_dtype), _arch(arch))
-        if fast:
-            GROUPED_SCALED_KERNELS[key] = kern
-    return kern
+    return registered(GROUPED_SCALED_KERNELS, (layout, n, k, weight_dtype),
+                      lambda: grouped_scaled_spec(layout, n, k, weight_dtype), arch)
 
 
 def scaled_call_problem(a, weight, scale_a, scale_weight, groups, layout) -> tuple[type, str] | None:
@@ -84,10 +78,7 @@ def scaled_call_problem(a, weight, scale_a, scale_weight, groups, layout) -> tup
 
 
 def check_scaled_call(a, weight, scale_a, scale_weight, groups, layout) -> None:
-    found = scaled_call_problem(a, weight, scale_a, scale_weight, groups, layout)
-    if found is not None:
-        cls, problem = found
-        raise cls(f"gemmc::grouped_scaled_gemm: {problem}")
+    raise_call_problem(scaled_call_problem(a, weight, scale_a, scale_weight, groups, layout), "grouped_scaled_gemm")
 
 
 def _out_shape(a, weight):
@@ -110,11 +101,7 @@ def run_scaled(a, weight, scale_a, scale_weight, groups, layout: str) -> torch.T
     if not (a.numel() and e and k):
         return a.new_zeros(_out_shape(a, weight), dtype=OUT_DTYPE)
     kern = grouped_scaled_kernel(layout, n, k, weight.dtype)
-    dense = [t if t.is_contiguous() else t.contiguous() for t in (a, weight, scale_a, scale_weight, groups)]
-    try:
-        return kern.runner_for(a.shape[-2])(*dense)
-    except LaunchError as refused:
-        raise LaunchError(f"gemmc::grouped_scaled_gemm: the kernel refused the call: {refused}") from refused
+    return launch_grouped(kern, (a, weight, scale_a, scale_weight, groups), "grouped_scaled_gemm")
 
 
 def _scaled_fake(a, weight, scale_a, scale_weight, groups, layout):
