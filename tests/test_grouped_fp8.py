@@ -324,11 +324,11 @@ def test_params_put_the_scales_after_b_and_before_the_groups():
 @pytest.mark.parametrize("layout", ["contiguous", "masked"])
 def test_the_launcher_checks_the_grouped_scales_before_launch(layout):
     k, rec, _ = fp8_launcher(layout)
-    f8e4 = torch.float8_e4m3fn
+    f8e4, i32 = torch.float8_e4m3fn, torch.int32
     if layout == "contiguous":
-        a, sa, groups = torch.zeros(40, 512, dtype=f8e4), torch.ones(40, 4), torch.tensor([0, 10, 40], dtype=torch.int32)
+        a, sa, groups = torch.zeros(40, 512, dtype=f8e4), torch.ones(40, 4), torch.tensor([0, 10, 40], dtype=i32)
     else:
-        a, sa, groups = torch.zeros(2, 16, 512, dtype=f8e4), torch.ones(2, 16, 4), torch.tensor([3, 16], dtype=torch.int32)
+        a, sa, groups = torch.zeros(2, 16, 512, dtype=f8e4), torch.ones(2, 16, 4), torch.tensor([3, 16], dtype=i32)
     b, sb = torch.zeros(2, 256, 512, dtype=f8e4), torch.ones(2, 2, 4)
     out = k(a, b, sa, sb, groups)
     assert out.shape == a.shape[:-1] + (256,) and out.dtype == torch.bfloat16 and len(rec.calls) == 1

@@ -2,10 +2,10 @@
 
 A model's experts each hold an up-projection (a fused [gate; up] weight of 2 x width rows over the hidden size,
 run as one gated grouped GEMM: silu(x @ gate.T) * (x @ up.T); in fp8, the [gate; up] product, gated after it)
-and a down-projection (hidden rows over the width). `route` sends each of T tokens to `top_k` distinct experts; the grouped GEMMs then see T x top_k rows,
-sorted by expert, with per-expert counts from it: uniform, Zipf (expert popularity 1 / rank^s, ranks a
-seeded permutation) or Dirichlet (popularity drawn from Dirichlet(alpha)). Routing is numpy on the host:
-the same on every machine for a seed.
+and a down-projection (hidden rows over the width). `route` sends each of T tokens to `top_k` distinct experts;
+the grouped GEMMs then see T x top_k rows, sorted by expert, with per-expert counts from it: uniform, Zipf
+(expert popularity 1 / rank^s, ranks a seeded permutation) or Dirichlet (popularity drawn from
+Dirichlet(alpha)). Routing is numpy on the host: the same on every machine for a seed.
 """
 from __future__ import annotations
 
