@@ -34,30 +34,48 @@ def _blocks(n: int) -> int:
 
 
 def _expand(scale, rows: int, cols: int, row_block: int):
-    """`scale` (ceil(rows / row_block), ceil(cols / 128)) repeated to rows x cols."""
-    return scale.repeat_interleave(row_block, dim=0)[:rows].repeat_interleave(SCALE_BLOCK, dim=1)[:, :cols]
+    """`scale` ((E,) ceil(rows / row_block), ceil(cols / 128)) repeated to ((E,) rows x cols."""
+    return scale.repeat_interleave(row_block, dim=-2)[..., :rows, :].repeat_interleave(SCALE_BLOCK, dim=-1)[..., :cols]
 
 
 def dequantize(x, scale):
     """x (rows x K) times its scale, in f32; the scale's shape says the scaling (module doc). A per-row-block
-    scale of a 1-row x reads as per row (they are the same)."""
+    scale of a 1-row x reads as per row (they are the same). A grouped operand, x (E, rows, K) with block scales
+    of the same leading E (a grouped GEMM's B, or a masked one's A), is each group's rows times its scales."""
     import torch
     xf = x.float()
     s = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
-    if x.dim() != 2:
-        raise ValueError(f"dequantize: x is {x.dim()}-D; fp8 operands are 2-D (rows x K)")
-    rows, cols = x.shape
-    if s.numel() == 1 and s.dim() <= 1:
+    grouped = x.dim() == 3 and s.dim() == 3 and s.shape[0] == x.shape[0]
+    if x.dim() != 2 and not grouped:
+        raise ValueError(f"dequantize: x is {x.dim()}-D; fp8 operands are 2-D (rows x K), or 3-D (E, rows, K) "
+                         "with block scales of the same E")
+    rows, cols = x.shape[-2:]
+    if not grouped and s.numel() == 1 and s.dim() <= 1:
         return xf * s.reshape(())
-    if s.dim() == 1 and s.shape[0] == rows:
+    if not grouped and s.dim() == 1 and s.shape[0] == rows:
         return xf * s[:, None]
-    if s.dim() == 2 and s.shape[1] == _blocks(cols):
-        if s.shape[0] == rows:
+    if s.dim() == x.dim() and s.shape[-1] == _blocks(cols):
+        if s.shape[-2] == rows:
             return xf * _expand(s, rows, cols, 1)
-        if s.shape[0] == _blocks(rows):
+        if s.shape[-2] == _blocks(rows):
             return xf * _expand(s, rows, cols, SCALE_BLOCK)
-    raise ValueError(f"dequantize: a scale of shape {tuple(s.shape)} fits no scaling of a {rows} x {cols} "
-                     f"operand; use (1,), ({rows},), ({rows}, {_blocks(cols)}) or ({_blocks(rows)}, {_blocks(cols)})")
+    lead = f"{x.shape[0]}, " if grouped else ""
+    raise ValueError(f"dequantize: a scale of shape {tuple(s.shape)} fits no scaling of a "
+                     f"{' x '.join(map(str, x.shape))} operand; use " + ("" if grouped else f"(1,), ({rows},), ")
+                     + f"({lead}{rows}, {_blocks(cols)}) or ({lead}{_blocks(rows)}, {_blocks(cols)})")
+
+
+def dequantize_blocks(x, scale, dtype):
+    """x times its block scales (A's per 1 x 128, B's per 128 x 128; optionally grouped, as dequantize takes
+    them), rounded to the torch `dtype`: a baseline's operand (e.g. bf16 for torch._grouped_mm). One tensor of
+    x's size in `dtype`, the scales broadcast over their blocks (dequantize expands them to f32 first: 8 bytes
+    an element, too much for a model's experts); shapes of partial blocks go through dequantize."""
+    *lead, rows, cols = x.shape
+    row_block = 1 if scale.shape[-2] == rows else SCALE_BLOCK
+    if rows % row_block or cols % SCALE_BLOCK or scale.dim() != x.dim():
+        return dequantize(x, scale).to(dtype)
+    blocks = x.reshape(*lead, rows // row_block, row_block, cols // SCALE_BLOCK, SCALE_BLOCK).to(dtype)
+    return blocks.mul_(scale[..., :, None, :, None].to(dtype)).reshape(x.shape)
 
 
 def quantize(x, mode: str, dtype=DType.f8e4m3, weight: bool = False):

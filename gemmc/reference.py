@@ -21,6 +21,7 @@ S = |A| @ |B| (the sum of |a_k b_k|) and u_t the unit roundoff of type t (2^-8 b
 The bound is SAFETY x (that + half the output type's subnormal spacing).
 A grouped GEMM's reference (`grouped_reference_and_bound`) is each group's, computed as a plain GEMM of its rows
 and its weight; rows of no group are NaN, which an unwritten NaN-filled output matches and a written one fails.
+A grouped fp8 GEMM's group is the plain fp8 reference of its rows with their scales and its weight with its own.
 
 fp8 (a spec with a scaling): the reference multiplies the dequantized operands (`gemmc.quantize.dequantize`,
 fp8 values times their f32 scales) in fp32, so the inputs' fp8 rounding is not an error of the kernel's: only
@@ -91,31 +92,47 @@ def make_grouped_inputs(spec: GemmSpec, rows: list[int], n: int, k: int, m: int 
                         generator=None):
     """randn A and B of a grouped GEMM whose group g holds rows[g] rows, its offsets (contiguous: from 0, A of
     `m` rows, at least their sum) or counts (masked: A E x m x K, m at least the largest), and the epilogue
-    inputs (scalars)."""
+    inputs (scalars). fp8 (block scaling): A and B quantized as `fp8_operands` does, B per group (each expert's
+    weight its own 128 x 128 blocks), and A's and B's scales lead `extra` (`grouped_call_args` orders a call)."""
     import itertools
 
     import torch
     dt = torch_dtype(spec.dtype)
 
-    def randn(shape):
-        return torch.randn(shape, device=device, dtype=torch.float32, generator=generator).to(dt)
+    def randn(shape, dtype=dt):
+        return torch.randn(shape, device=device, dtype=torch.float32, generator=generator).to(dtype)
 
     e = len(rows)
-    b = randn((e, 2 * n if spec.gate is not None else n, k) if spec.b_layout == "nk" else (e, k, n))
-    if spec.group_layout == "masked":
-        m = max(rows + [1]) if m is None else m
-        a, groups = randn((e, m, k)), torch.tensor(rows, dtype=torch.int32, device=device)
+    masked = spec.group_layout == "masked"
+    m = (max(rows + [1]) if masked else sum(rows)) if m is None else m
+    a_shape = (e, m, k) if masked else (m, k)
+    extra = []
+    if spec.scaling is not None:
+        a, b, scales = grouped_fp8_operands(spec, a_shape, e, n, k, randn)
+        extra += scales
     else:
-        m = sum(rows) if m is None else m
-        a = randn((m, k))
+        b = randn((e, 2 * n if spec.gate is not None else n, k) if spec.b_layout == "nk" else (e, k, n))
+        a = randn(a_shape)
+    if masked:
+        groups = torch.tensor(rows, dtype=torch.int32, device=device)
+    else:
         groups = torch.tensor([0, *itertools.accumulate(rows)], dtype=torch.int32, device=device)
-    extra = [0.5 + 0.25 * i for i, _ in enumerate(spec.inputs)]
+    extra += [0.5 + 0.25 * i for i, _ in enumerate(spec.inputs)]
     return a, b, groups, extra
+
+
+def grouped_call_args(spec: GemmSpec, a, b, groups, extra) -> tuple:
+    """The positional arguments of a grouped kernel's call on `make_grouped_inputs`' values: (a, b, A's and B's
+    scales (fp8), the offsets or counts, the epilogue inputs)."""
+    scales = 2 if spec.scaling is not None else 0
+    return (a, b, *extra[:scales], groups, *extra[scales:])
 
 
 def grouped_reference_and_bound(spec: GemmSpec, a, b, groups, extra):
     """(reference, bound) of a grouped GEMM: each group's rows as a plain GEMM of its weight, in fp32; rows of no
-    group NaN (an unwritten NaN-filled output matches them; a written one fails `error_figures`)."""
+    group NaN (an unwritten NaN-filled output matches them; a written one fails `error_figures`). fp8: each
+    group's rows dequantized with their rows of A's scales, its weight with its own B scales (`extra` leads
+    with A's and B's scales, as make_grouped_inputs returns them)."""
     import dataclasses
 
     import torch
@@ -126,30 +143,53 @@ def grouped_reference_and_bound(spec: GemmSpec, a, b, groups, extra):
         if rows <= 0:
             continue
         plain = dataclasses.replace(spec, groups=None, group_layout=None, m=rows)
-        a_g = a[row0:row0 + rows] if spec.group_layout == "contiguous" else a[g, :rows]
-        r, e = _evaluate(plain, a_g, b[g], extra, with_bound=True)
-        target = (slice(row0, row0 + rows),) if spec.group_layout == "contiguous" else (g, slice(0, rows))
-        ref[target], bound[target] = r, e
+        at = (slice(row0, row0 + rows),) if spec.group_layout == "contiguous" else (g, slice(0, rows))
+        extra_g = extra
+        if spec.scaling is not None:    # the group's rows of A's scales, and its weight's
+            extra_g = [extra[0][at], extra[1][g], *extra[2:]]
+        r, e = _evaluate(plain, a[at], b[g], extra_g, with_bound=True)
+        ref[at], bound[at] = r, e
     return ref, bound
-def fp8_operands(spec: GemmSpec, m: int, n: int, k: int, randn):
-    """(a, b, [sa, sb]) of an fp8 spec: randn rows with a spread of magnitudes (each row of A and B, and each
-    128-column block of A, times 2^[-4, 4)), so that per-row and per-block scales differ, quantized per the
-    spec's scaling. `randn(shape, dtype)` draws."""
+def _spread(rows: int, cols: int, randn):
+    """randn rows x cols (f32) with a spread of magnitudes: each row, and each 128-column block, times 2^[-4, 4)."""
     import torch
-    from .quantize import quantize
+    x = randn((rows, cols), torch.float32)
+    row = torch.exp2(torch.floor(8 * randn((rows, 1), torch.float32).sigmoid()) - 4)
+    block = torch.exp2(torch.floor(8 * randn((1, -(-cols // 128)), torch.float32).sigmoid()) - 4)
+    return x * row * block.repeat_interleave(128, dim=1)[:, :cols]
+
+
+def _check_fp8_layouts(spec: GemmSpec) -> None:
     if (spec.a_layout, spec.b_layout) != ("mk", "nk"):
         raise ValueError(f"fp8 inputs are made for A [M, K] and B [N, K] (a_layout 'mk', b_layout 'nk'); got "
                          f"{spec.a_layout}, {spec.b_layout}")
 
-    def spread(rows, cols):
-        x = randn((rows, cols), torch.float32)
-        row = torch.exp2(torch.floor(8 * randn((rows, 1), torch.float32).sigmoid()) - 4)
-        block = torch.exp2(torch.floor(8 * randn((1, -(-cols // 128)), torch.float32).sigmoid()) - 4)
-        return x * row * block.repeat_interleave(128, dim=1)[:, :cols]
 
-    a, sa = quantize(spread(m, k), spec.scaling.mode, spec.dtype)
-    b, sb = quantize(spread(n, k), spec.scaling.mode, spec.b_dtype, weight=True)
+def fp8_operands(spec: GemmSpec, m: int, n: int, k: int, randn):
+    """(a, b, [sa, sb]) of an fp8 spec: randn rows with a spread of magnitudes (each row of A and B, and each
+    128-column block of A, times 2^[-4, 4)), so that per-row and per-block scales differ, quantized per the
+    spec's scaling. `randn(shape, dtype)` draws."""
+    from .quantize import quantize
+    _check_fp8_layouts(spec)
+    a, sa = quantize(_spread(m, k, randn), spec.scaling.mode, spec.dtype)
+    b, sb = quantize(_spread(n, k, randn), spec.scaling.mode, spec.b_dtype, weight=True)
     return a, b, [sa, sb]
+
+
+def grouped_fp8_operands(spec: GemmSpec, a_shape: tuple, groups: int, n: int, k: int, randn):
+    """(a, b, [sa, sb]) of a grouped fp8 spec (block scaling): A of `a_shape` ((M, K) or (E, M, K)), quantized
+    per 1 x 128 block of each row (sa (M, Kb) or (E, M, Kb)); B (E, N, K), each group's weight quantized on its
+    own (sb (E, Nb, Kb)); magnitudes spread as fp8_operands'."""
+    import torch
+    from .quantize import quantize
+    _check_fp8_layouts(spec)
+    rows = math.prod(a_shape[:-1])
+    a, sa = quantize(_spread(rows, k, randn), spec.scaling.mode, spec.dtype)    # row-local: every group's rows
+    weights = [quantize(_spread(n, k, randn), spec.scaling.mode, spec.b_dtype, weight=True) for _ in range(groups)]
+    b = torch.stack([q for q, _ in weights]) if weights else torch.empty((0, n, k), dtype=a.dtype, device=a.device)
+    sb = torch.stack([s for _, s in weights]) if weights else torch.empty((0, -(-n // 128), -(-k // 128)),
+                                                                           device=a.device)
+    return a.reshape(a_shape), b, [sa.reshape(a_shape[:-1] + sa.shape[-1:]), sb]
 
 
 # ---- fp32 matmuls ---------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ With `groups` (E) and `group_layout`, one launch runs E GEMMs (mixture-of-expert
   Output rows outside every group (contiguous) or past a group's count (masked) are not written.
 fp8 (`dtype` f8e4m3, `b_dtype` f8e4m3 or f8e5m2) takes f32 scales (`scaling`, a `Scaling`): the accumulator the
   epilogue reads is the dequantized product, sum_k (sa * A)[m, k] (sb * B)[k, n], accumulated in f32.
+  A grouped fp8 GEMM takes block scales with its groups' leading dims (`scale_shapes`): each group's rows of A
+  are scaled by their rows of A's scales, its weight by its own B scales.
 """
 from __future__ import annotations
 
@@ -155,14 +157,21 @@ class EpilogueOp:
         return dict(self.attrs).get(name, default)
 
 
-def scale_shapes(mode: str, m: Dim, n: Dim, k: Dim) -> tuple[tuple[Dim, ...], tuple[Dim, ...]]:
-    """A's and B's scale shapes under `mode` for an M x N x K problem (block scaling needs static N and K)."""
+def scale_shapes(mode: str, m: Dim, n: Dim, k: Dim, groups: Dim | None = None,
+                 group_layout: str | None = None) -> tuple[tuple[Dim, ...], tuple[Dim, ...]]:
+    """A's and B's scale shapes under `mode` for an M x N x K problem (block scaling needs static N and K).
+    A grouped GEMM's (block scaling only) lead with its groups where its operands do: B's (E, ceil(N/128),
+    ceil(K/128)), one block grid per group's weight; A's (M, ceil(K/128)) over every group's rows (contiguous),
+    or (E, M, ceil(K/128)) (masked)."""
     if mode == "tensor":
         return (1,), (1,)
     if mode == "row":
         return (m,), (n,)
     blocks = lambda d: -(-d // SCALE_BLOCK)  # noqa: E731
-    return (m, blocks(k)), (blocks(n), blocks(k))
+    a, b = (m, blocks(k)), (blocks(n), blocks(k))
+    if group_layout is None:
+        return a, b
+    return ((groups,) + a if group_layout == "masked" else a), (groups,) + b
 
 
 def _is_int(x) -> bool:
@@ -278,10 +287,13 @@ class GemmSpec:
             raise SpecError(f"scaling={self.scaling!r}: use a gemmc.Scaling or one of {SCALINGS}")
         wrong = [f"{what} (use {need})" for what, ok, need in (
             (f"acc_dtype={self.acc_dtype.value!r}", self.acc_dtype == DType.f32, "'f32': fp8 MMAs accumulate in f32"),
-            (f"gate={self.gate!r}", self.gate is None, "gate=None"),
+            (f"gate={self.gate!r}", self.gate is None, "gate=None: a gated fp8 kernel is not built (block scaling "
+             "would need two promoting accumulator chains); compute the [gate; up] product as an fp8 GEMM of 2N "
+             "columns and gate it in torch"),
             (f"batch={self.batch!r}", self.batch is None, "batch=None, one call per batch"),
-            (f"groups={self.groups!r}", self.groups is None, "groups=None: grouped fp8 GEMMs are not built yet; "
-             "dequantize to bf16 for a grouped GEMM"),
+            (f"groups={self.groups!r} with {self.scaling.mode} scaling", self.groups is None
+             or self.scaling.mode == "block", "scaling='block': grouped fp8 GEMMs are built with DeepSeek-V3's "
+             "block scales; per-tensor and per-row scales of a grouped GEMM are not built"),
         ) if not ok]
         if self.scaling.mode == "block":
             wrong += [f"{d}={getattr(self, d)!r} (use a static {d.upper()}: the block scales' shape counts its "
@@ -306,10 +318,10 @@ class GemmSpec:
     @property
     def scale_shapes(self) -> tuple[tuple[Dim, ...], tuple[Dim, ...]]:
         """The shapes of A's and B's scales (() each without scaling): (1,) and (1,) per tensor; (M,) and (N,)
-        per row; (M, ceil(K/128)) and (ceil(N/128), ceil(K/128)) per block."""
+        per row; (M, ceil(K/128)) and (ceil(N/128), ceil(K/128)) per block, grouped as `scale_shapes` says."""
         if self.scaling is None:
             return (), ()
-        return scale_shapes(self.scaling.mode, self.m, self.n, self.k)
+        return scale_shapes(self.scaling.mode, self.m, self.n, self.k, self.groups, self.group_layout)
 
     def _check_gate(self):
         if self.gate is None:

@@ -30,7 +30,7 @@ SLOW_MODULES = frozenset({
     "test_bench.py", "test_build.py", "test_build_audit.py", "test_cache_robustness.py", "test_cache_dir.py",
     "test_call_path.py", "test_cta_trace_script.py", "test_docs.py", "test_docs_pytorch.py", "test_examples.py",
     "test_fp8_gpu_script.py", "test_fp8_kernel.py", "test_gpu_floor_script.py", "test_gpu_grouped_script.py",
-    "test_grouped_torch_op.py", "test_l2_scripts.py", "test_l2_search.py", "test_llama_bench.py",
+    "test_grouped_fp8_kernel.py", "test_grouped_fp8_torch_op.py", "test_grouped_torch_op.py", "test_l2_scripts.py", "test_l2_search.py", "test_llama_bench.py",
     "test_nn_swap_hf.py", "test_power_clock_script.py",
     "test_pretuned.py", "test_search_builder.py", "test_search_cli.py", "test_search_cli_errors.py",
     "test_search_gpu_policy.py", "test_search_robustness.py", "test_search_simulate_real.py",

@@ -42,9 +42,14 @@ def test_bf16_specs_are_unchanged():
     (dict(dtype="f8e4m3", scaling="row", out_dtype="f8e4m3"), "output dtype f8e4m3 is not supported (fp8 is an "
      "operand dtype only"),
     (dict(dtype="f8e4m3", scaling="row", acc_dtype="f16"), "acc_dtype='f16' (use 'f32': fp8 MMAs accumulate in f32)"),
-    (dict(dtype="f8e4m3", scaling="row", gate="silu"), "gate='silu' (use gate=None)"),
+    (dict(dtype="f8e4m3", scaling="row", gate="silu"), "gate='silu' (use gate=None: a gated fp8 kernel is not built"),
     (dict(dtype="f8e4m3", scaling="row", batch=4), "batch=4 (use batch=None"),
-    (dict(dtype="f8e4m3", scaling="row", groups=8, group_layout="contiguous"), "grouped fp8 GEMMs are not built"),
+    (dict(dtype="f8e4m3", scaling="row", groups=8, group_layout="contiguous"), "groups=8 with row scaling (use "
+     "scaling='block': grouped fp8 GEMMs are built with DeepSeek-V3's block scales"),
+    (dict(dtype="f8e4m3", scaling="tensor", groups="E", group_layout="masked"), "per-tensor and per-row scales of "
+     "a grouped GEMM are not built"),
+    (dict(dtype="f8e4m3", scaling="block", groups=8, group_layout="contiguous", gate="silu"), "gate='silu' (use "
+     "gate=None: a gated fp8 kernel is not built (block scaling would need two promoting accumulator chains)"),
     (dict(dtype="f8e4m3", scaling="block", n="N"), "n='N' (use a static N: the block scales' shape"),
     (dict(dtype="f8e4m3", scaling="block", k="K"), "k='K' (use a static K"),
     (dict(dtype="f8e4m3", scaling="colwise"), "scaling mode 'colwise': use one of ('tensor', 'row', 'block')"),

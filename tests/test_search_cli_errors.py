@@ -204,7 +204,8 @@ def no_gpu_lookup(monkeypatch):
     (["--suite", "llm", "--arch", "sm_70"], "unknown arch 'sm_70'"),
     (["--shapes", "shapes.txt", "--sample", "2"], "--sample draws from a --suite"),
     (["--suite", "llm", "--settle-s", "2", "--sustained-s", "1"], "--settle-s and --sustained-s both given"),
-    (["--suite", "moe", "--dtype", "fp8", "--scaling", "row"], "grouped fp8 GEMMs are not built yet"),
+    (["--suite", "moe", "--dtype", "fp8", "--scaling", "row"], "grouped fp8 GEMMs are built with block scales "
+     "(per-tensor and per-row ones are not); use --scaling block"),
 ])
 def test_tune_reports_a_bad_flag_before_looking_for_a_gpu(tmp_path, capsys, monkeypatch, no_gpu_lookup, args,
                                                           needle):

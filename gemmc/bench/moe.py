@@ -1,11 +1,11 @@
 """Mixture-of-experts problems: the models' expert shapes, seeded routing, and the grouped GEMMs they make.
 
 A model's experts each hold an up-projection (a fused [gate; up] weight of 2 x width rows over the hidden size,
-run as one gated grouped GEMM: silu(x @ gate.T) * (x @ up.T)) and a down-projection (hidden rows over the
-width). `route` sends each of T tokens to `top_k` distinct experts; the grouped GEMMs then see T x top_k rows,
-sorted by expert, with per-expert counts from it: uniform, Zipf (expert popularity 1 / rank^s, ranks a
-seeded permutation) or Dirichlet (popularity drawn from Dirichlet(alpha)). Routing is numpy on the host:
-the same on every machine for a seed.
+run as one gated grouped GEMM: silu(x @ gate.T) * (x @ up.T); in fp8, the [gate; up] product, gated after it)
+and a down-projection (hidden rows over the width). `route` sends each of T tokens to `top_k` distinct experts;
+the grouped GEMMs then see T x top_k rows, sorted by expert, with per-expert counts from it: uniform, Zipf
+(expert popularity 1 / rank^s, ranks a seeded permutation) or Dirichlet (popularity drawn from
+Dirichlet(alpha)). Routing is numpy on the host: the same on every machine for a seed.
 """
 from __future__ import annotations
 
@@ -46,14 +46,23 @@ def model(name: str) -> MoeModel:
     raise SpecError(f"unknown MoE model {name!r}; use one of {', '.join(m.name for m in MODELS)}")
 
 
-def spec_of(m: MoeModel, projection: str, layout: str = "contiguous", groups=None) -> GemmSpec:
-    """The grouped GEMM of one projection of `m`'s experts (M symbolic: the routed rows)."""
+def spec_of(m: MoeModel, projection: str, layout: str = "contiguous", groups=None, dtype="bf16",
+            scaling: str | None = None) -> GemmSpec:
+    """The grouped GEMM of one projection of `m`'s experts (M symbolic: the routed rows), in `dtype`; with a
+    `scaling` ("block"), in fp8: e4m3 operands with their scales, where the up-projection is the [gate; up]
+    product of 2 x width columns, gated after it (gemmc builds no gated fp8 kernel; DeepSeek-V3's stack also
+    runs SwiGLU as a kernel of its own)."""
     e = m.experts if groups is None else groups
     name = f"{m.name.replace('-', '_')}_{projection}"
+    kw = dict(m="M", groups=e, group_layout=layout, name=name, dtype=dtype)
+    if scaling is not None:
+        kw.update(dtype="f8e4m3", scaling=scaling, name=f"{name}_fp8")
     if projection == "up":
-        return GemmSpec(m="M", n=m.width, k=m.hidden, groups=e, group_layout=layout, gate="silu", name=name)
+        if scaling is not None:
+            return GemmSpec(n=2 * m.width, k=m.hidden, **kw)
+        return GemmSpec(n=m.width, k=m.hidden, gate="silu", **kw)
     if projection == "down":
-        return GemmSpec(m="M", n=m.hidden, k=m.width, groups=e, group_layout=layout, name=name)
+        return GemmSpec(n=m.hidden, k=m.width, **kw)
     raise SpecError(f"projection {projection!r}; use one of {PROJECTIONS}")
 
 

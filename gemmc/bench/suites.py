@@ -54,17 +54,16 @@ SUITES = ("square", "llm", "cuda-l2", "moe")
 class GroupedShape:
     """A contiguous grouped GEMM of gemmc.bench.moe: `projection` of `model`'s experts (E of them, N x K each)
     with `rows` rows in every expert; M = E x rows. `spec(dtype)` is its problem (the tuning DB's key:
-    E, N, K and the rows bucket)."""
+    E, N, K and the rows bucket); a bench dtype name ("bf16", "fp8-block": gemmc.bench.fp8.spec_kwargs)."""
     model: str
     projection: str
     rows: int
 
     def spec(self, dtype="bf16"):
+        from .fp8 import spec_kwargs
         from .moe import model, spec_of
-        from ..spec import GemmSpec
-        s = spec_of(model(self.model), self.projection)
-        return GemmSpec(**{**{f: getattr(s, f) for f in ("n", "k", "groups", "group_layout", "gate", "name")},
-                           "m": s.groups * self.rows, "dtype": dtype})
+        s = spec_of(model(self.model), self.projection, **spec_kwargs(dtype))
+        return s.with_dims(m=s.groups * self.rows)
 
     @property
     def m(self) -> int:

@@ -13,7 +13,8 @@ The heuristic (a first cut, from the kernel's structure; the H200 sweep of `gemm
 replaces it): few rows per group (decode, <= 64) take ping-pong 64 x 128 tiles, so that the most CTAs stream
 the touched experts' weights; up to 192 rows, cooperative 128 x 128 tiles with A multicast to two N tiles of
 the group; more, cooperative 128 x 256 tiles (128 x 128 gated: two accumulators) with B multicast to two M
-tiles of the group.
+tiles of the group. Block-scaled fp8 takes the same tiles with K 128 (one k-tile per scale block), and 128 x 128
+for the large ones (its promotion holds two accumulators, as a gated GEMM's).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from dataclasses import replace
 from typing import Optional
 
 from ..schedule import Schedule, check_schedule
-from ..spec import GemmSpec
+from ..spec import SCALE_BLOCK, GemmSpec
 from .db_steps import db_exact, open_db, skip_db
 from .decision import Decision
 from .gpu import target_gpu
@@ -34,9 +35,12 @@ MID_ROWS = 192
 
 def candidates(spec: GemmSpec, rows: Optional[int], arch: str) -> list[Schedule]:
     """The heuristic's schedules for `rows` per group, best first (the module docstring's rule)."""
-    decode = Schedule(tile=(64, 128, 64), mode="pingpong", arch=arch)
-    mid = [Schedule(tile=(128, 128, 64), cluster=(1, 2), arch=arch), Schedule(tile=(128, 128, 64), arch=arch)]
-    large = [Schedule(tile=(128, 128 if spec.gate else 256, 64), cluster=(2, 1), arch=arch)]
+    # block-scaled fp8: one k-tile per scale block, and two accumulators (as gated) in tiles of at most 128 columns
+    block = spec.scaling is not None and spec.scaling.mode == "block"
+    bk = SCALE_BLOCK if block else 64
+    decode = Schedule(tile=(64, 128, bk), mode="pingpong", arch=arch)
+    mid = [Schedule(tile=(128, 128, bk), cluster=(1, 2), arch=arch), Schedule(tile=(128, 128, bk), arch=arch)]
+    large = [Schedule(tile=(128, 128 if spec.gate or block else 256, bk), cluster=(2, 1), arch=arch)]
     if rows is None or rows > MID_ROWS:
         order = large + mid + [decode]
     elif rows > DECODE_ROWS:

@@ -7,7 +7,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Union
 
-from ..spec import SCALE_BLOCK, Dim, EpilogueOp, Ref, Scaling, scale_shapes
+from ..spec import SCALE_BLOCK, SCALINGS, Dim, EpilogueOp, Ref, Scaling, scale_shapes
 from ..types import ACC_DTYPES, FP8_A_DTYPES, FP8_B_DTYPES, INPUT_DTYPES, DType
 from .locations import trace_error
 from .parameter_types import GroupIndexType, TensorType, fmt_shape
@@ -125,7 +125,8 @@ class Tracer:
         return self._emit(op, (r,), s, on_acc, where, attrs)
 
     # -- the matmul --
-    def matmul(self, lhs, rhs, where, plain: bool = True) -> Value:
+    def matmul(self, lhs, rhs, where, grouped: tuple = ()) -> Value:
+        """The matmul `lhs @ rhs`; `grouped`: (E, layout) of gemmc.grouped_mm's, whose B is one group's matrix."""
         for x in (lhs, rhs):
             if not isinstance(x, Value):
                 raise trace_error(where, f"matmul with {x!r}: both operands must be tensor parameters")
@@ -145,7 +146,7 @@ class Tracer:
                                   "ops before the matmul (prologue fusion) are not supported")
             declared = self.params[x._param].shape
             expected = declared[:-2] + declared[-2:][::-1] if x._transposed else declared
-            if not plain:   # a grouped matmul's contiguous A meets one group's B: its last two dims
+            if grouped:     # a grouped matmul's contiguous A meets one group's B: its last two dims
                 expected = expected[len(expected) - len(x._shape):]
             if len(declared) < 2 or x._shape != expected:
                 raise trace_error(where, f"matmul operand {x._param} {fmt_shape(x._shape)}: operands are (M, K) / "
@@ -172,7 +173,7 @@ class Tracer:
                               f"but K of {rhs._param} {fmt_shape(rhs._shape)} is {kb}; declare both with the same K "
                               "(check for a missing .T)")
         self._check_dtypes(ta.dtype, tb.dtype, where)
-        scaling = self._scaling(lhs, rhs, m, n, ka, where)
+        scaling = self._scaling(lhs, rhs, (m, n, ka) + tuple(grouped), where)
         self.mm = Matmul(lhs._param, rhs._param, "km" if lhs._transposed else "mk",
                          "nk" if rhs._transposed else "kn", m, n, ka, batch, ta.dtype, where,
                          b_dtype=tb.dtype if tb.dtype != ta.dtype else None, scaling=scaling)
@@ -202,8 +203,9 @@ class Tracer:
             raise trace_error(where, f"gemmc.grouped_mm's A {self._describe(lhs)} has shape {fmt_shape(lhs._shape)} "
                               f"but {groups._param} is {g!r} ({g.layout} groups): declare A {shape}")
         if want == 2:   # A (M, K) against one (K, N) matrix per group: matmul checks the 2-D product
-            rhs = Value(self, None, rhs._shape[1:], param=rhs._param, transposed=rhs._transposed, line=rhs._line)
-        result = self.matmul(lhs, rhs, where, plain=False)
+            rhs = Value(self, None, rhs._shape[1:], param=rhs._param, transposed=rhs._transposed, line=rhs._line,
+                        scale=rhs._scale)
+        result = self.matmul(lhs, rhs, where, grouped=(g.groups, g.layout))
         mm = self.mm
         mm.batch = None
         mm.groups, mm.group_layout, mm.group_param = g.groups, g.layout, groups._param
@@ -231,9 +233,11 @@ class Tracer:
             raise trace_error(where, f"f16 accumulation with {da} inputs: the tensor cores have no {da}->f16 MMA; "
                               "use acc_dtype=gemmc.f32 or f16 inputs")
 
-    def _scaling(self, lhs: Value, rhs: Value, m: Dim, n: Dim, k: Dim, where) -> Scaling | None:
+    def _scaling(self, lhs: Value, rhs: Value, problem: tuple, where) -> Scaling | None:
         """The scaling of `gemmc.scaled(a, sa) @ gemmc.scaled(b, sb)`, from the scales' declared shapes; None
-        for a plain matmul. fp8 operands need scales and only they take them."""
+        for a plain matmul. fp8 operands need scales and only they take them. `problem`: (M, N, K), and a
+        grouped matmul's (E, layout), whose scales are block scales with its groups' dims."""
+        m, n, k = problem[:3]
         sa, sb = lhs._scale, rhs._scale
         fp8 = [x._param for x in (lhs, rhs) if self.params[x._param].dtype.bits == 8]
         use = "write gemmc.scaled(x, sx) @ gemmc.scaled(w, sw).T"
@@ -262,25 +266,28 @@ class Tracer:
             if dt != DType.f32:
                 raise trace_error(where, f"the scale {s} is {dt}: scales are f32 (convert it with .float())")
         shapes = {s: tuple(self.params[s].shape) for s in (sa, sb)}
+        static = isinstance(k, int) and isinstance(n, int)
+        # the shapes each mode takes (a grouped matmul's: block scales only)
+        modes = ("block",) if len(problem) > 3 else SCALINGS
+        want = {mode: scale_shapes(mode, *problem) for mode in modes if mode != "block" or static}
         # the modes each shape fits (a length-1 vector of a 1-row problem is per tensor and per row alike)
-        fits = {}
-        for side, s in (("a", sa), ("b", sb)):
-            shape, fit = shapes[s], []
-            if shape in ((), (1,)):
-                fit.append("tensor")
-            if len(shape) == 1 and shape == scale_shapes("row", m, n, k)[side == "b"]:
-                fit.append("row")
-            if (len(shape) == 2 and isinstance(k, int) and isinstance(n, int)
-                    and shape == scale_shapes("block", m, n, k)[side == "b"]):
-                fit.append("block")
-            fits[side] = fit
+        fits = {side: [mode for mode, pair in want.items()
+                       if shapes[s] == pair[side == "b"] or (mode == "tensor" and shapes[s] == ())]
+                for side, s in (("a", sa), ("b", sb))}
         common = [mode for mode in fits["a"] if mode in fits["b"]]
         if common:
             return Scaling(common[0], sa, sb)
         kb = -(-k // SCALE_BLOCK) if isinstance(k, int) else f"ceil({k}/{SCALE_BLOCK})"
         nb = -(-n // SCALE_BLOCK) if isinstance(n, int) else f"ceil({n}/{SCALE_BLOCK})"
-        block_note = "" if isinstance(k, int) and isinstance(n, int) else " (block scales need a static N and K)"
-        raise trace_error(where, f"scale shapes {sa} {fmt_shape(shapes[sa])} and {sb} {fmt_shape(shapes[sb])} name "
-                          f"no scaling gemmc takes for this M x N x K = {m} x {n} x {k} matmul; use per tensor () "
-                          f"and (), per row ({m},) and ({n},), or per block ({m}, {kb}) and ({nb}, {kb})"
-                          + block_note)
+        block_note = "" if static else " (block scales need a static N and K)"
+        got = f"scale shapes {sa} {fmt_shape(shapes[sa])} and {sb} {fmt_shape(shapes[sb])}"
+        if len(problem) > 3:
+            groups, layout = problem[3:]
+            a_shape = ((groups,) if layout == "masked" else ()) + (m, kb)
+            raise trace_error(where, f"{got} are not the block scales of this {layout} grouped matmul of {groups} "
+                              f"groups (M x N x K = {m} x {n} x {k}); a grouped fp8 GEMM takes block scales: A's "
+                              f"{fmt_shape(a_shape)} (1 x 128 blocks of each row) and B's ({groups}, {nb}, {kb}) "
+                              "(128 x 128 blocks of each group's weight)" + block_note)
+        raise trace_error(where, f"{got} name no scaling gemmc takes for this M x N x K = {m} x {n} x {k} matmul; "
+                          f"use per tensor () and (), per row ({m},) and ({n},), or per block ({m}, {kb}) and "
+                          f"({nb}, {kb})" + block_note)

@@ -34,7 +34,8 @@ def operand_types(spec: GemmSpec) -> dict[str, TensorType]:
         types[spec.group_operand] = TensorType.make((spec.groups,), DType.i32, spec.group_operand)
     if spec.scaling is not None:    # an fp8 GEMM's scales, after B (as the kernel takes them)
         mode = spec.scaling.mode
-        for name, layout, dims in zip(spec.scaling.names, scale_layouts(mode), scale_dims(mode, m, n, k)):
+        dims_of = scale_dims(mode, m, n, k, spec.groups, spec.group_layout)
+        for name, layout, dims in zip(spec.scaling.names, scale_layouts(mode), dims_of):
             types[name] = TensorType.make(dims, DType.f32, layout)
     types["out"] = TensorType.make(lead + (m, n), spec.out_dtype, "mn")
     for i in spec.inputs:

@@ -21,7 +21,9 @@ with %offsets a `!gemmc.tensor<E x i32, offsets>` (E + 1 row offsets of E groups
 An fp8 GEMM names its scaling and its two f32 scales, which are not epilogue inputs:
   %out = gemm.matmul @gemm(%x, %w) scaled row(%sx, %sw) acc f32 -> !gemmc.tensor<M x N x bf16, mn> ...
 with the scales typed per scaling: tensor !gemmc.tensor<f32, scalar> each; row <M x f32, col> and
-<N x f32, row>; block <M x Kb x f32, mk> and <Nb x Kb x f32, nk> (Kb, Nb: 128-blocks of K and N).
+<N x f32, row>; block <M x Kb x f32, mk> and <Nb x Kb x f32, nk> (Kb, Nb: 128-blocks of K and N). A grouped
+fp8 GEMM's (block scaling) lead with E where its operands do: B's <E x Nb x Kb x f32, nk>, A's <E x M x Kb x f32,
+mk> when masked.
 """
 from __future__ import annotations
 
@@ -362,9 +364,10 @@ def scale_layouts(mode: str) -> tuple[str, str]:
     return {"tensor": ("scalar", "scalar"), "row": ("col", "row"), "block": ("mk", "nk")}[mode]
 
 
-def scale_dims(mode: str, m, n, k) -> tuple[tuple, tuple]:
-    """The IR dims of A's and B's scales (a per-tensor scale is a scalar)."""
-    return ((), ()) if mode == "tensor" else scale_shapes(mode, m, n, k)
+def scale_dims(mode: str, m, n, k, groups=None, group_layout: str | None = None) -> tuple[tuple, tuple]:
+    """The IR dims of A's and B's scales (a per-tensor scale is a scalar; a grouped GEMM's lead with E where its
+    operands do: gemmc.spec.scale_shapes)."""
+    return ((), ()) if mode == "tensor" else scale_shapes(mode, m, n, k, groups, group_layout)
 
 
 class GemmSignature(IRDLOperation):
@@ -491,7 +494,12 @@ class GemmSignature(IRDLOperation):
             raise VerifyException(f"{where}: scaling {mode} takes two scales (A's, B's), got {len(self.scales)}")
         if mode == "block" and not (isinstance(n, int) and isinstance(k, int)):
             raise VerifyException(f"{where}: block scaling needs static N and K (its scales count 128-blocks)")
-        for side, x, layout, dims in zip("AB", self.scales, scale_layouts(mode), scale_dims(mode, m, n, k)):
+        grouped = ()
+        if self.groups is not None:
+            if mode != "block":
+                raise VerifyException(f"{where}: a grouped GEMM takes block scales, not {mode} ones")
+            grouped = (self.groups.type.dims[0], self.group_layout)
+        for side, x, layout, dims in zip("AB", self.scales, scale_layouts(mode), scale_dims(mode, m, n, k, *grouped)):
             t = x.type
             if not isinstance(t, TensorType) or (t.layout.data, t.dims, t.dtype.data) != (layout, dims, "f32"):
                 want = TensorType.make(dims, "f32", layout)

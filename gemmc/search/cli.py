@@ -444,15 +444,20 @@ def _tune_shapes_checked(args) -> list:
                          f"--scaling {args.scaling} scales fp8 inputs: add --dtype fp8, or drop --scaling")
     if args.dtype == "fp8":
         from ..bench.fp8 import fp8_dtype
-        if any(hasattr(sh, "spec") for sh in shapes):      # the moe suite's grouped problems
-            raise UsageError("--dtype fp8 with grouped problems (--suite moe): grouped fp8 GEMMs are not built yet; "
-                             "tune the moe suite in bf16")
+        if any(hasattr(sh, "spec") for sh in shapes) and args.scaling != "block":   # the moe suite's grouped ones
+            raise UsageError(f"--dtype fp8 --scaling {args.scaling} with grouped problems (--suite moe): grouped "
+                             "fp8 GEMMs are built with block scales (per-tensor and per-row ones are not); use "
+                             "--scaling block")
         args.dtype = fp8_dtype(args.scaling)     # the problem class the tune loop reads (gemmc.bench.fp8)
-        if args.symbolic and args.scaling == "block":
+        # (a grouped kernel keeps N and K static under --symbolic)
+        if args.symbolic and args.scaling == "block" and not hasattr(shapes[0], "spec"):
             raise UsageError("--symbolic with --scaling block: block scales need a static N and K; drop --symbolic")
     try:
         from ..bench.fp8 import spec_kwargs
-        GemmSpec(shapes[0].m, shapes[0].n, shapes[0].k, **spec_kwargs(args.dtype))
+        if hasattr(shapes[0], "spec"):
+            shapes[0].spec(args.dtype)
+        else:
+            GemmSpec(shapes[0].m, shapes[0].n, shapes[0].k, **spec_kwargs(args.dtype))
     except SpecError as e:
         raise UsageError(f"--dtype {args.dtype}: {e}") from None
     for flag in ("settle_s", "sustained_s"):

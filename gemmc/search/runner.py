@@ -164,7 +164,8 @@ class Runner:
     def _measure_grouped(self, spec: GemmSpec, schedule: Schedule, arch: str, kernel_spec: GemmSpec) -> Measurement:
         """A grouped problem (the moe suite): every group holds the problem's rows per group
         (gemmc.bench.grouped_timing.measure_grouped: the check, then gemmc and torch._grouped_mm interleaved in
-        CUDA graphs); torch._grouped_mm's time is stored as the row's baseline (cublas_us)."""
+        CUDA graphs); torch._grouped_mm's time is stored as the row's baseline (cublas_us): for an fp8 problem,
+        its bf16 GEMM of the operands dequantized ahead of time."""
         import gemmc
         from ..bench.grouped_timing import measure_grouped
         from ..choose.group_keys import rows_per_group

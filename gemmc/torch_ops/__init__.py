@@ -5,6 +5,7 @@
     c = gto.gemm(a, b, a_layout="km", b_layout="kn")       # a.T @ b, in gemmc's storage layouts
     h = gto.gated_linear(x, w_gate_up, gate="silu")        # SwiGLU: silu(x @ w[:N].T) * (x @ w[N:].T), one kernel
     y = gto.grouped_gemm(x, w_experts, offsets)            # every expert's rows through its weight, one launch
+    y = gto.grouped_scaled_gemm(x8, w8, sx, sw, offsets)   # the same in fp8 with DeepSeek-V3 block scales
     gto.unsupported_reason(weight, bias, "gelu")           # None, or why gemmc cannot run this Linear
     gto.prepare_linear(n, k, torch.bfloat16, True, "gelu", [1, 16], training=True)   # before a graph capture
 
@@ -25,11 +26,12 @@ from .activations import ACTIVATIONS, GATES
 from .checks import gated_unsupported_reason, unsupported_reason
 from .functional import gated_linear, gemm, linear
 from .grouped import GROUPED_GATES, grouped_gemm, grouped_kernel
+from .grouped_scaled import grouped_scaled_gemm, grouped_scaled_kernel
 from .kernels import gated_kernel, gemm_kernel, linear_kernel, prepare_gated, prepare_linear
 from . import autograd as _autograd
 
 _autograd.register()
 
 __all__ = ["ACTIVATIONS", "GATES", "GROUPED_GATES", "gated_kernel", "gated_linear", "gated_unsupported_reason", "gemm",
-           "gemm_kernel", "grouped_gemm", "grouped_kernel", "linear", "linear_kernel", "prepare_gated",
-           "prepare_linear", "unsupported_reason"]
+           "gemm_kernel", "grouped_gemm", "grouped_kernel", "grouped_scaled_gemm", "grouped_scaled_kernel", "linear",
+           "linear_kernel", "prepare_gated", "prepare_linear", "unsupported_reason"]

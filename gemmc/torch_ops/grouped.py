@@ -23,9 +23,10 @@ from torch.library import Library, register_fake
 from ..errors import LaunchError, SpecError
 from ..spec import GemmSpec
 from .activations import EPILOGUE_OP, GATES, TORCH_FORWARD
-from .kernels import _arch, _input_dtype, _positive, compiled
+from .kernels import _input_dtype, _positive, registered
 
 LAYOUTS = ("contiguous", "masked")
+FP8_WEIGHT_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 GROUPED_GATES = ("none",) + GATES
 GROUPED_KERNELS: dict[tuple, object] = {}      # (layout, n, k, dtype as given, gate) -> kernel
 
@@ -50,19 +51,14 @@ def grouped_spec(layout: str, n: int, k: int, dtype, gate: str = "none") -> Gemm
 
 def grouped_kernel(layout: str, n: int, k: int, dtype, gate: str = "none", arch=None):
     """The shared gemmc grouped kernel (grouped_spec), called k(x, weight, groups)."""
-    fast = arch is None
-    key = (layout, n, k, dtype, gate)
-    kern = GROUPED_KERNELS.get(key) if fast else None
-    if kern is None:
-        kern = compiled(grouped_spec(layout, n, k, dtype, gate), _arch(arch))
-        if fast:
-            GROUPED_KERNELS[key] = kern
-    return kern
+    return registered(GROUPED_KERNELS, (layout, n, k, dtype, gate), lambda: grouped_spec(layout, n, k, dtype, gate),
+                      arch)
 
 
-def grouped_call_problem(a, weight, groups, layout, gate) -> tuple[type, str] | None:
+def grouped_call_problem(a, weight, groups, layout, gate, fp8: bool = False) -> tuple[type, str] | None:
     """(error class, what is wrong) with a gemmc::grouped_gemm call, else None. Reads shapes, dtypes and devices
-    only (fake tensors work); the offsets' values are the kernel's to clamp (GEMMC_VALIDATE=1 checks them)."""
+    only (fake tensors work); the offsets' values are the kernel's to clamp (GEMMC_VALIDATE=1 checks them).
+    `fp8`: gemmc::grouped_scaled_gemm's operands, an e4m3 a and an e4m3 or e5m2 weight."""
     if layout not in LAYOUTS:
         return SpecError, f"layout {layout!r}; use one of {LAYOUTS}"
     if gate not in GROUPED_GATES:
@@ -86,21 +82,30 @@ def grouped_call_problem(a, weight, groups, layout, gate) -> tuple[type, str] | 
                              "offs): convert it where the router writes it")
     if gate != "none" and rows % 2:
         return LaunchError, f"weight has {rows} rows per expert; a gated weight is [gate; up], an even number"
-    if a.dtype != weight.dtype:
+    if fp8 and (a.dtype != torch.float8_e4m3fn or weight.dtype not in FP8_WEIGHT_DTYPES):
+        return LaunchError, (f"a is {a.dtype} and weight {weight.dtype}; fp8 operands are a torch.float8_e4m3fn "
+                             "a and a torch.float8_e4m3fn or torch.float8_e5m2 weight (gemmc.quantize.quantize "
+                             "makes them)")
+    if not fp8 and a.dtype != weight.dtype:
         return LaunchError, f"a is {a.dtype} but weight is {weight.dtype}: cast them to one dtype"
     if not a.device == weight.device == groups.device:
         return LaunchError, (f"a, weight and groups are on {a.device}, {weight.device} and {groups.device}: move "
                              "them to one device (the groups stay on the GPU: nothing is read on the host)")
-    if a.device.type == "cuda" and a.dtype not in (torch.bfloat16, torch.float16):
-        return LaunchError, f"the operands are {a.dtype}; gemmc kernels take torch.bfloat16 or torch.float16"
+    if not fp8 and a.device.type == "cuda" and a.dtype not in (torch.bfloat16, torch.float16):
+        return LaunchError, (f"the operands are {a.dtype}; gemmc kernels take torch.bfloat16 or torch.float16 "
+                             "(fp8 ones with their block scales: gemmc::grouped_scaled_gemm)")
     return None
 
 
-def check_grouped_call(a, weight, groups, layout, gate, cause: Exception | None = None) -> None:
-    found = grouped_call_problem(a, weight, groups, layout, gate)
+def raise_call_problem(found: tuple[type, str] | None, op: str, cause: Exception | None = None) -> None:
+    """Raise a call problem (error class, what is wrong) of the op gemmc::`op`, if there is one."""
     if found is not None:
         cls, problem = found
-        raise cls(f"gemmc::grouped_gemm: {problem}") from cause
+        raise cls(f"gemmc::{op}: {problem}") from cause
+
+
+def check_grouped_call(a, weight, groups, layout, gate, cause: Exception | None = None) -> None:
+    raise_call_problem(grouped_call_problem(a, weight, groups, layout, gate), "grouped_gemm", cause)
 
 
 def _out_shape(a, weight, layout, gate):
@@ -136,11 +141,17 @@ def run_grouped(a, weight, groups, layout: str, gate: str) -> torch.Tensor:
     if not (a.numel() and e and k):
         return a.new_zeros(_out_shape(a, weight, layout, gate))
     kern = grouped_kernel(layout, rows // (1 if gate == "none" else 2), k, weight.dtype, gate)
-    dense = [t if t.is_contiguous() else t.contiguous() for t in (a, weight, groups)]
+    return launch_grouped(kern, (a, weight, groups), "grouped_gemm")
+
+
+def launch_grouped(kern, tensors, op: str) -> torch.Tensor:
+    """Run a grouped kernel on CUDA tensors (the first is A, whose rows pick the M bucket), made contiguous; the
+    kernel's refusal is gemmc::`op`'s."""
+    dense = [t if t.is_contiguous() else t.contiguous() for t in tensors]
     try:
-        return kern.runner_for(a.shape[-2])(*dense)
+        return kern.runner_for(tensors[0].shape[-2])(*dense)
     except LaunchError as refused:
-        raise LaunchError(f"gemmc::grouped_gemm: the kernel refused the call: {refused}") from refused
+        raise LaunchError(f"gemmc::{op}: the kernel refused the call: {refused}") from refused
 
 
 def _grouped_fake(a, weight, groups, layout, gate):

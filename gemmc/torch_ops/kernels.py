@@ -133,6 +133,17 @@ def _arch(arch) -> str:
     return default_arch() if arch is None else as_arch(arch)
 
 
+def registered(registry: dict, key: tuple, make_spec, arch=None):
+    """The kernel of `make_spec()` for `arch`: for the visible GPU's arch (arch None), the one `registry` holds
+    under `key` (compiled and stored on a miss); for a named arch, compiled (shared through `compiled`)."""
+    kern = registry.get(key) if arch is None else None
+    if kern is None:
+        kern = compiled(make_spec(), _arch(arch))
+        if arch is None:
+            registry[key] = kern
+    return kern
+
+
 def linear_kernel(n: int, k: int, dtype, has_bias: bool, activation: str, arch=None):
     """The shared gemmc kernel of act(x @ weight.T + bias) for weight [n, k] of `dtype` (a torch dtype or a
     gemmc name), M symbolic: a CompiledGemm, called as k(x2d, weight, bias) or k(x2d, weight) (no bias).

@@ -27,12 +27,13 @@ class ScaleInput:
 
 
 def scale_shapes_of(plan: KernelPlan) -> list[tuple]:
-    """(name, shape) of A's and B's scales, f32 tensors of the scaling's shapes (none without scaling): the
-    kernel's params of role "scale", read one f32 at a time (4-byte alignment: gemmc.build, gemmc.runtime)."""
+    """(name, shape) of A's and B's scales, f32 tensors of the scaling's shapes (none without scaling; a grouped
+    GEMM's with its groups' dims): the kernel's params of role "scale", read one f32 at a time (4-byte alignment:
+    gemmc.build, gemmc.runtime)."""
     sc, p = plan.scaling, plan.problem
     if sc is None:
         return []
-    return list(zip((sc.a, sc.b), scale_shapes(sc.mode, p.m, p.n, p.k)))
+    return list(zip((sc.a, sc.b), scale_shapes(sc.mode, p.m, p.n, p.k, p.groups, p.group_layout)))
 
 
 def scale_inputs(plan: KernelPlan) -> tuple[ScaleInput, ...]:

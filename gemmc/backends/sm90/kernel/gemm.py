@@ -21,7 +21,7 @@ on the device after the grid dependency. A contiguous group's A tiles are taken 
 offset of the one descriptor's coordinates); the output is stored from registers, row-predicated.
 fp8 (MMA_INST_K 32): the fp8 WGMMA. Per tensor and per row the scales are epilogue inputs; per block
 (BLOCK_SCALED) the consumers promote each k-tile's WGMMA accumulator into the f32 one times its block scales
-(promotion.py), the scales passed as block_scales.
+(promotion.py), the scales passed as block_scales; grouped, at the group's rows and its weight's blocks.
 """
 from __future__ import annotations
 
@@ -100,13 +100,16 @@ class Sm90Gemm(TileScheduler, GroupScheduler, Producer, Consumer, PromotingMainL
         the epilogue inputs (all of the plan's; the main kernel reads them unless a reduce kernel applies the
         epilogue); workspace / semaphores: the split-K scratch (None where the plan has none); groups: a grouped
         GEMM's offsets or counts (None for any other); block_scales: a block-scaled fp8 kernel's A and B scales,
-        (M, Kb) and (Nb, Kb)."""
+        (M, Kb) and (Nb, Kb); grouped, B's (E, Nb, Kb) and, masked, A's (E, M, Kb)."""
         rows_batched = self.BATCHED or (self.GROUPED and self.GROUP_MASKED)     # A's and the output's L
         a_mkl = self.view(a, not self.A_MAJOR_IS_K, rows_batched)
         b_nkl = self.gated_view(b) if self.GATED else self.view(b, not self.B_MAJOR_IS_K,
                                                                  self.BATCHED or self.GROUPED)
         out_mnl = self.view(out, self.SWAP_AB, rows_batched)
         views = tuple(self.input_view(x, inp_kind) for x, inp_kind in zip(inputs, self.input_kinds()))
+        if cutlass.const_expr(self.BLOCK_SCALED):   # (M, Kb, L) and (Nb, Kb, L): L where they have groups
+            block_scales = (self.view(block_scales[0], False, rows_batched),
+                            self.view(block_scales[1], False, self.GROUPED))
 
         tiled_mma = cute.make_tiled_mma(
             cute.make_mma_atom(self.mma_op()),

@@ -12,6 +12,11 @@ The scales are read from global memory by each consumer thread, for the rows it 
 accumulator elements, rows clamped into the problem like the epilogue's), before it waits for the k-tile's
 stage, so the loads overlap the wait and the MMA; elements of one row read one address, which the compiler
 loads once (two rows per thread per 64-row WGMMA).
+
+Grouped (GROUPED), the scales are read where the group's operands are (`scale_coords`): A's at the group's rows
+(contiguous: its first row plus the tile's row, in A's (M, Kb) scales; masked: the tile's row in group g's
+(M, Kb) plane), B's in expert g's (Nb, Kb) block grid. The host views both as (rows, Kb, L), L the groups where
+the scales have them (else 1), so one index serves every layout.
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ from gemmc.spec import SCALE_BLOCK     # absolute: scripts load edited copies of
 
 class Promotion(NamedTuple):
     """What the promoting main loop reads besides the MMA fragments: the k-tile's WGMMA accumulator, the scales
-    (A's (M, Kb), B's (Nb, Kb)), and the coordinates of this thread's accumulator elements."""
+    (A's as (M, Kb, L), B's as (Nb, Kb, L): L a grouped GEMM's groups where its scales have them, else 1), and
+    the coordinates of this thread's accumulator elements."""
     tile_acc: object
     sa: object
     sb: object
@@ -47,12 +53,10 @@ class PromotingMainLoop:
         tile_acc = promo.tile_acc
         num_k_blocks = cute.size(tCrA, mode=[2])
         tCcC = promo.thr_mma.partition_C(promo.coords[(None, None, work.tile_m, work.tile_n, work.tile_l)])
-        # B's scale block of the tile's columns (clamped: a cluster's padding tiles lie past N, their A rows past M
-        # or their B rows past N load zeros)
-        n_block = cutlass.min(work.tile_n * self.TILE_MNK[1] // SCALE_BLOCK, cute.size(promo.sb, mode=[0]) - 1)
+        where = self.scale_coords(work, cute.size(promo.sb, mode=[0]))
         for kt in range(work.k_count):
             # this k-tile's scales, one factor per accumulator element: read before the wait
-            factors = self.block_scale_factors(promo, tCcC, n_block, work.k_begin + kt, cute.size(accumulators))
+            factors = self.block_scale_factors(promo, tCcC, where, work.k_begin + kt, cute.size(accumulators))
             ab_pipeline.consumer_wait(read_state)
             warpgroup.fence()
             tiled_mma.set(warpgroup.Field.ACCUMULATE, False)    # the k-tile's sum starts afresh
@@ -69,11 +73,23 @@ class PromotingMainLoop:
         return read_state, release_state
 
     # plain Python (not cute.jit): their loops unroll at trace time into straight-line code, as the epilogue DAG's
-    def block_scale_factors(self, promo: Promotion, tCcC, n_block, k_tile, count: int) -> list:
-        """sa[m, k_tile] * sb[n_block, k_tile] for each of this thread's `count` accumulator elements, m its row
-        (clamped into the problem: rows past M hold zeros)."""
-        sb = cutlass.Float32(promo.sb[(n_block, k_tile)])
-        return [cutlass.Float32(promo.sa[(cutlass.min(tCcC[ei][0], promo.num_m - 1), k_tile)]) * sb
+    def scale_coords(self, work, n_blocks):
+        """Where `work`'s tile reads its scales: (A's row of the tile's row 0, A's L, B's scale block, B's L). B's
+        block is the tile's columns' (clamped: a cluster's padding tiles lie past N, their A rows past M or their B
+        rows past N load zeros). Grouped, A's rows count from the group's first row (contiguous; 0 when masked)
+        in A's L (the group when masked, else 0), B's block grid is the group's."""
+        n_block = cutlass.min(work.tile_n * self.TILE_MNK[1] // SCALE_BLOCK, n_blocks - 1)
+        if cutlass.const_expr(self.GROUPED):
+            return work.row0, work.tile_l, n_block, work.group
+        return 0, 0, n_block, 0
+
+    def block_scale_factors(self, promo: Promotion, tCcC, where, k_tile, count: int) -> list:
+        """sa[row0 + m, k_tile, a_l] * sb[n_block, k_tile, b_l] for each of this thread's `count` accumulator
+        elements, m its row in the tile's frame (clamped into the problem: rows past M hold zeros); `where` is
+        scale_coords'."""
+        row0, a_l, n_block, b_l = where
+        sb = cutlass.Float32(promo.sb[(n_block, k_tile, b_l)])
+        return [cutlass.Float32(promo.sa[(cutlass.min(row0 + tCcC[ei][0], promo.num_m - 1), k_tile, a_l)]) * sb
                 for ei in range(count)]
 
     def promote(self, accumulators, tile_acc, factors) -> None:
