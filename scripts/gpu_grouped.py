@@ -30,6 +30,7 @@ stack without a blockwise grouped kernel runs on fp8 weights); the masked decode
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -41,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gemmc.bench.graph_timing import time_sides  # noqa: E402
 from gemmc.bench.moe import MODELS, ROUTINGS, TOKENS, model, offsets_of, route, spec_of  # noqa: E402
+from gemmc.bench.watchdog import Watchdog  # noqa: E402
 from gemmc.schedule import Schedule  # noqa: E402
 from gemmc.spec import EpilogueInput, EpilogueOp, GemmSpec, Ref  # noqa: E402
 
@@ -90,25 +92,6 @@ def variant_spec(name: str) -> tuple[GemmSpec, Schedule]:
 
 def variant_dtype(name: str) -> str:
     return "fp8" if "scaling" in VARIANTS[name][0] else "bf16"
-
-
-class Watchdog:
-    """A hung kernel blocks forever in synchronize: exit (with a note) instead of burning the GPU's time."""
-
-    def __init__(self, log):
-        import threading
-        self.log, self.deadline, self.what = log, None, ""
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def arm(self, what: str, seconds: float):
-        self.what, self.deadline = what, time.time() + seconds
-
-    def _run(self):
-        while True:
-            time.sleep(1)
-            if self.deadline is not None and time.time() > self.deadline:
-                self.log(f"HANG: {self.what} did not finish in time; exiting")
-                os._exit(3)
 
 
 def check_ptx(name: str, ptx: str, sched: Schedule, spec: GemmSpec | None = None) -> list[str]:
@@ -369,7 +352,8 @@ def decode(args, log, watchdog):
                     c = torch.tensor(counts, dtype=torch.int32, device="cuda")
                     out = torch.empty(mdl.experts, cap, spec.n, device="cuda", dtype=torch.bfloat16)
                     run = kernel.runner_for(cap)
-                    t = time_sides({"gemmc": [lambda: run(x, w, *scales, c, out=out)]})["gemmc"]
+                    call = functools.partial(run, x, w, *scales, c, out=out)
+                    t = time_sides({"gemmc": [call]})["gemmc"]
                     touched = int((counts > 0).sum())
                     # the touched experts' weights, and the rows in (fp8: 1 byte an element) and out (bf16)
                     moved = touched * n_rows * k * w.element_size() + int(counts.sum()) * (k * x.element_size()

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gemmc.backends.sm90 import emit  # noqa: E402
+from gemmc.bench.watchdog import Watchdog  # noqa: E402
 from gemmc.compiler import lower  # noqa: E402
 from gemmc.reference import checked_error, make_inputs  # noqa: E402
 from gemmc.schedule import Schedule  # noqa: E402
@@ -143,25 +144,6 @@ def check_ptx(name: str, ptx: str, sched: Schedule) -> list[str]:
 
 
 # ---- torch side (inputs, fp32 reference and error: gemmc.reference) ---------------------------------
-
-class Watchdog:
-    """A hung kernel blocks forever in synchronize: exit the process (with a note) instead of burning GPU time."""
-
-    def __init__(self, log):
-        import threading
-        self.log, self.deadline, self.what = log, None, ""
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def arm(self, what: str, seconds: float):
-        self.what, self.deadline = what, time.time() + seconds
-
-    def _run(self):
-        while True:
-            time.sleep(1)
-            if self.deadline is not None and time.time() > self.deadline:
-                self.log(f"HANG: {self.what} did not finish in time; exiting")
-                os._exit(3)
-
 
 WATCHDOG = None
 
