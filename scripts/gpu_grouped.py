@@ -384,11 +384,13 @@ def main():
                     "the problems timed and the decode")
     args = ap.parse_args()
     args.dtypes = [d for d in args.dtypes.split(",") if d]
-    assert set(args.dtypes) <= {"bf16", "fp8"}, args.dtypes
+    if not set(args.dtypes) <= {"bf16", "fp8"}:
+        ap.error(f"--dtypes {','.join(args.dtypes)}: use bf16, fp8 or both")
     args.models = [m for m in args.models.split(",") if m]
     args.tokens = [int(t) for t in args.tokens.split(",") if t]
     args.routings = [r for r in args.routings.split(",") if r]
-    assert all(r in ROUTINGS for r in args.routings), args.routings
+    if not all(r in ROUTINGS for r in args.routings):
+        ap.error(f"--routings {','.join(args.routings)}: use some of {', '.join(ROUTINGS)}")
     t_start = time.time()
     out_dir = Path(os.environ.get("OUT", "grouped_out"))
     out_dir.mkdir(parents=True, exist_ok=True)
