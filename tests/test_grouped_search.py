@@ -4,7 +4,6 @@ every M of the bucket; the heuristic's picks are valid for any rows per group.""
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import gemmc
 from gemmc.bench.suites import GroupedShape, get_suite
 from gemmc.choose.auto import resolve_auto
 from gemmc.choose.group_keys import rows_bucket, rows_per_group
@@ -14,6 +13,8 @@ from gemmc.search.db import TuningDB
 from gemmc.search.runner import Runner
 from gemmc.search.strategy import Measurement
 from gemmc.spec import GemmSpec
+
+from search_fakes import InlineBuilder
 
 UP = GroupedShape("qwen3-30b-a3b", "up", 16)
 
@@ -43,14 +44,6 @@ def test_the_db_key_is_the_rows_bucket_and_never_a_plain_problems():
         problem_fields(spec.with_dims(groups="E"), "sm_90a")
 
 
-class _InlineBuilder:
-    def build(self, spec, schedules, arch, on_result=None):
-        from gemmc.search.builder import BuildResult
-        out = [BuildResult(s, True, 0.1, None) for s in schedules]
-        for r in out if on_result else ():
-            on_result(r)
-        return out
-
 
 def test_tune_on_the_moe_suite_then_auto_takes_the_dbs_best_for_the_bucket(tmp_path):
     from gemmc.search import tune
@@ -67,7 +60,7 @@ def test_tune_on_the_moe_suite_then_auto_takes_the_dbs_best_for_the_bucket(tmp_p
         UP.spec()).candidates]
     pick = next(s for s in candidates if s.tile == (64, 96, 64) and s.mode == "pingpong" and s.cluster == (1, 1))
     summary = tune([UP], dtype="bf16", arch="sm_90a", strategy="exhaustive", budget=len(candidates), batch=8, db=db,
-                   builder=_InlineBuilder(), runner=Runner(measure_fn=measure), gpu_name="fake", progress=False,
+                   builder=InlineBuilder(), runner=Runner(measure_fn=measure), gpu_name="fake", progress=False,
                    confirm=0, symbolic=True)
     ((shape, best),) = summary
     assert shape == UP and best.schedule == pick and len(seen) == len(candidates)

@@ -16,6 +16,8 @@ from gemmc.search.reward import DEFAULT_WEIGHTS, Reward, RewardError, parse_rewa
 from gemmc.search.strategy import BaseStrategy, SearchProblem, run_search
 from gemmc.spec import GemmSpec
 
+from search_fakes import InlineBuilder
+
 SPEC = GemmSpec(m=64, n=4096, k=4096)
 
 
@@ -82,15 +84,6 @@ def test_a_strategy_observes_the_score_while_the_results_keep_the_time():
 
 # ---- a tune with profiles ----------------------------------------------------------------------------------------
 
-class _InlineBuilder:
-    def build(self, spec, schedules, arch, on_result=None):
-        from gemmc.search.builder import BuildResult
-        out = [BuildResult(s, True, 0.1) for s in schedules]
-        for r in out:
-            if on_result:
-                on_result(r)
-        return out
-
 
 def test_tune_profiles_each_batch_stores_it_and_a_resume_reads_it_back(tmp_path):
     from gemmc.search import tune
@@ -104,7 +97,7 @@ def test_tune_profiles_each_batch_stores_it_and_a_resume_reads_it_back(tmp_path)
         return {s: model_profile(s, spec) for s in schedules}
     db = TuningDB(tmp_path / "t.sqlite")
     shape = Shape(64, 4096, 4096)
-    kw = dict(dtype="bf16", arch="sm_90a", strategy="random", batch=2, db=db, builder=_InlineBuilder(),
+    kw = dict(dtype="bf16", arch="sm_90a", strategy="random", batch=2, db=db, builder=InlineBuilder(),
               runner=Runner(measure_fn=lambda spec, s, arch: Measurement(s, model_time_us(s, spec), None, 30.0)),
               gpu_name="fake", progress=False, reward=parse_reward("time+l2"), profiler=profiler)
     tune([shape], budget=4, confirm=1, **kw)

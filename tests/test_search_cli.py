@@ -14,6 +14,7 @@ from gemmc.search.db import TuningDB
 from gemmc.search.strategy import Measurement, SearchProblem
 
 from conftest import as_gemmc_version
+from search_fakes import InlineBuilder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -144,16 +145,6 @@ def test_tune_fresh_reaches_the_tune_loop(tmp_path, monkeypatch):
         assert seen[-1] is want
 
 
-class _InlineBuilder:
-    """Builder stand-in without processes (the real one is tested in test_search_builder)."""
-
-    def build(self, spec, schedules, arch, on_result=None):
-        from gemmc.search.builder import BuildResult
-        out = [BuildResult(s, s.split_k != 4, 0.1, None if s.split_k != 4 else "compile: no") for s in schedules]
-        for r in out if on_result else ():
-            on_result(r)
-        return out
-
 
 class _FakeRunner:
     def __init__(self):
@@ -172,7 +163,7 @@ def test_tune_writes_every_measurement_and_resumes(tmp_path, capsys):
     db = TuningDB(tmp_path / "t.sqlite")
     shapes = [Shape(64, 4096, 4096), Shape(2048, 2048, 2048)]
     runner = _FakeRunner()
-    kw = dict(dtype="bf16", arch="sm_90a", strategy="bayes", batch=3, db=db, builder=_InlineBuilder(),
+    kw = dict(dtype="bf16", arch="sm_90a", strategy="bayes", batch=3, db=db, builder=InlineBuilder(fails=lambda s: s.split_k == 4),
               runner=runner, gpu_name="fake", progress=False, confirm=0)
     tune(shapes, budget=5, **kw)
     assert db.count() == 10
@@ -208,7 +199,7 @@ def _tune(db, measure, budget=6, confirm=3, fresh=False):
     from gemmc.search.runner import Runner
     shape = Shape(64, 4096, 4096)
     tune([shape], dtype="bf16", arch="sm_90a", strategy="bayes", budget=budget, batch=2, db=db,
-         builder=_InlineBuilder(), runner=Runner(measure_fn=measure), gpu_name="fake", progress=False,
+         builder=InlineBuilder(fails=lambda s: s.split_k == 4), runner=Runner(measure_fn=measure), gpu_name="fake", progress=False,
          confirm=confirm, fresh=fresh)
     return gemmc.GemmSpec(shape.m, shape.n, shape.k)
 
@@ -393,7 +384,7 @@ def test_tune_also_measures_listed_schedules_once_and_keeps_them_out_of_the_stra
         from gemmc.search import tune
         from gemmc.search.runner import Runner
         tune([Shape(256, 4096, 4096)], dtype="bf16", arch="sm_90a", strategy="bayes", budget=budget, batch=2,
-             db=db, builder=_InlineBuilder(), runner=Runner(measure_fn=measure), gpu_name="fake",
+             db=db, builder=InlineBuilder(fails=lambda s: s.split_k == 4), runner=Runner(measure_fn=measure), gpu_name="fake",
              progress=False, confirm=0, also=swapped)
     tune_to(4)
     also = [r for r in db.rows() if r["strategy"] == ALSO]
@@ -423,7 +414,7 @@ def test_tune_searches_swapped_kernels_for_decode_shapes(tmp_path):
     def measure(spec, s, arch):
         return Measurement(s, model_time_us(s, spec) * (0.5 if s.swap_ab else 1.0), None, cublas_us=20.0)
     (_, best), = tune([Shape(16, 4096, 4096)], dtype="bf16", arch="sm_90a", strategy="bayes", budget=8,
-                      batch=2, db=db, builder=_InlineBuilder(), runner=Runner(measure_fn=measure),
+                      batch=2, db=db, builder=InlineBuilder(fails=lambda s: s.split_k == 4), runner=Runner(measure_fn=measure),
                       gpu_name="fake", progress=False, confirm=0)
     searched = [gemmc.Schedule.from_dict(json.loads(r["schedule"])) for r in db.rows()]
     assert len(searched) == 8 and any(s.swap_ab for s in searched)
@@ -460,7 +451,7 @@ def test_tune_sustained_searches_a_long_call_again_at_its_own_clock(tmp_path, ca
 
     db = TuningDB(tmp_path / "t.sqlite")
     long, short = Shape(4096, 4096, 4096), Shape(64, 4096, 4096)
-    kw = dict(dtype="bf16", arch="sm_90a", strategy="random", batch=2, db=db, builder=_InlineBuilder(),
+    kw = dict(dtype="bf16", arch="sm_90a", strategy="random", batch=2, db=db, builder=InlineBuilder(fails=lambda s: s.split_k == 4),
               gpu_name="fake", progress=False, confirm=0)
     tune([long, short], budget=4, runner=Runner(measure_fn=measure_for(False)), **kw)
     assert db.count() == 8 and db.best(gemmc.GemmSpec(4096, 4096, 4096), "sm_90a", "fake").speedup == pytest.approx(1.2)

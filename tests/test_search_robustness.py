@@ -17,6 +17,7 @@ from gemmc.search.db import TuningDB
 from gemmc.search.strategy import Measurement, SearchProblem
 
 from conftest import as_gemmc_version
+from search_fakes import InlineBuilder
 
 SPEC = gemmc.GemmSpec(256, 1024, 512)
 GPU = "NVIDIA H200"
@@ -138,15 +139,6 @@ def test_report_of_only_disqualified_schedules_does_not_say_none_succeeded(tmp_p
     assert _sched(0).short() in out
 
 
-class _InlineBuilder:
-    def build(self, spec, schedules, arch, on_result=None):
-        from gemmc.search.builder import BuildResult
-        out = [BuildResult(s, True, 0.1) for s in schedules]
-        for r in out:
-            if on_result:
-                on_result(r)
-        return out
-
 
 def test_tune_confirms_the_next_best_when_the_best_fails_its_check_on_re_measure(tmp_path, capsys):
     from gemmc.bench.suites import Shape
@@ -165,7 +157,7 @@ def test_tune_confirms_the_next_best_when_the_best_fails_its_check_on_re_measure
     db = TuningDB(tmp_path / "t.sqlite")
     shape = Shape(64, 4096, 4096)
     spec = gemmc.GemmSpec(shape.m, shape.n, shape.k)
-    kw = dict(dtype="bf16", arch="sm_90a", strategy="bayes", batch=2, db=db, builder=_InlineBuilder(),
+    kw = dict(dtype="bf16", arch="sm_90a", strategy="bayes", batch=2, db=db, builder=InlineBuilder(),
               runner=Runner(measure_fn=measure), gpu_name="fake", progress=False)
     tune([shape], budget=6, confirm=0, **kw)
     first_best.append(db.best(spec, "sm_90a", "fake").schedule)
@@ -319,7 +311,7 @@ def test_a_sticky_cuda_error_stops_the_tune_and_a_resume_measures_the_rest(tmp_p
     shape = Shape(256, 1024, 512)
     spec = gemmc.GemmSpec(shape.m, shape.n, shape.k)
     db = TuningDB(tmp_path / "t.sqlite")
-    kw = dict(dtype="bf16", arch="sm_90a", strategy="random", budget=6, batch=6, db=db, builder=_InlineBuilder(),
+    kw = dict(dtype="bf16", arch="sm_90a", strategy="random", budget=6, batch=6, db=db, builder=InlineBuilder(),
               gpu_name="fake", progress=False, confirm=0, seed=3)
     order = [m.schedule for m in _dry_order(tmp_path, kw, shape)]
     fake_gpu.bad = {order[2]}
@@ -405,7 +397,7 @@ def test_the_bar_shows_how_many_of_the_batch_compiled():
             pass
     bar = Bar()
     schedules = [_sched(i) for i in range(3)]
-    _build_and_measure(schedules, SPEC, SPEC, "sm_90a", _InlineBuilder(),
+    _build_and_measure(schedules, SPEC, SPEC, "sm_90a", InlineBuilder(),
                        Runner(measure_fn=lambda spec, s, arch: Measurement(s, 10.0, None, 11.0)), DB(), "fake",
                        "bayes", bar)
     compiled = [p for p in bar.postfix if "compil" in p]
