@@ -563,6 +563,7 @@ GROUPED = gemmc.GemmSpec(8 * 64, 1536, 4096, groups=8, group_layout="contiguous"
 
 def test_fp8_rows_train_the_policy_as_fp8_problems_and_grouped_rows_are_left_out(tmp_path):
     from gemmc.choose.features import SHAPE_FEATURES, shape_features
+    from gemmc.choose.tuning_db_schema import class_scaling
     from gemmc.search.rl import examples_from_db, policy_spec, train_policy_from_db
     db = TuningDB(tmp_path / "t.sqlite")
     _record(db, H200, P1, [40.0, 45.0, 50.0])
@@ -570,6 +571,8 @@ def test_fp8_rows_train_the_policy_as_fp8_problems_and_grouped_rows_are_left_out
     _record(db, H200, GROUPED, [30.0, 35.0])
     # the DB key's problem, rebuilt: the fp8 scaling and B's dtype come back from its epilogue class
     assert policy_spec(problem_fields(FP8, "sm_90a")) == FP8
+    assert class_scaling(problem_fields(FP8, "sm_90a")["epilogue_class"]) == ("row", "f8e5m2")
+    assert class_scaling(problem_fields(P1, "sm_90a")["epilogue_class"]) is None
     assert policy_spec(problem_fields(GROUPED, "sm_90a")) is None
     ex = examples_from_db(db, H200)
     assert sorted(e.spec.dtype.value for e in ex) == ["bf16", "f8e4m3"]

@@ -105,6 +105,16 @@ def epilogue_class(spec: GemmSpec) -> str:
     return f"{ops}:{hashlib.blake2b(body.encode(), digest_size=4).hexdigest()}"
 
 
+def class_scaling(cls: str) -> tuple[str, str | None] | None:
+    """(mode, B's dtype where it differs from A's, else None) of an fp8 problem's epilogue class (as
+    epilogue_class writes it: 'scaled_<mode>[_<B's dtype>]' among its ops); None for any other class."""
+    scaled = [op for op in cls.split(":")[0].split("+") if op.startswith("scaled_")]
+    if not scaled:
+        return None
+    mode, _, b_dtype = scaled[0][len("scaled_"):].partition("_")
+    return mode, b_dtype or None
+
+
 def problem_fields(spec: GemmSpec, arch: str) -> dict:
     """The columns of a problem's rows. A grouped GEMM's (gemmc.choose.group_keys): m is its rows-per-group
     bucket and batch its group count E, so every M of a bucket shares the entry."""

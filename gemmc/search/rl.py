@@ -33,6 +33,7 @@ from ..schedule import Schedule
 from ..spec import GemmSpec
 from ..choose.features import describes
 from ..choose.schedule_policy import SchedulePolicy
+from ..choose.tuning_db_schema import class_scaling
 from .strategy import BaseStrategy, Measurement, SearchProblem
 
 
@@ -177,10 +178,9 @@ def policy_spec(f: dict) -> Optional[GemmSpec]:
     if cls.startswith("grouped_"):
         return None
     fp8 = {}
-    scaled = [op for op in cls.split(":")[0].split("+") if op.startswith("scaled_")]
-    if scaled:                  # scaled_<mode>[_<B's dtype>]
-        mode, _, b_dtype = scaled[0][len("scaled_"):].partition("_")
-        fp8 = {"scaling": mode, "b_dtype": b_dtype or f["dtype"]}
+    scaling = class_scaling(cls)
+    if scaling is not None:
+        fp8 = {"scaling": scaling[0], "b_dtype": scaling[1] or f["dtype"]}
     return GemmSpec(f["m"], f["n"], f["k"], dtype=f["dtype"], out_dtype=f["out_dtype"], acc_dtype=f["acc_dtype"],
                     a_layout=f["a_layout"], b_layout=f["b_layout"], **fp8)
 
