@@ -144,6 +144,18 @@ def quack_gemm():
         return None, f"{type(e).__name__}: {e}"
 
 
+def budgeted_cases(args, t_start, watchdog, skipped, what):
+    """The (tokens, routing) cases of one projection, in order, while the time budget lasts, each armed in the
+    watchdog; those past the budget are listed in `skipped` instead."""
+    for tokens in args.tokens:
+        for routing in args.routings:
+            if time.time() - t_start > args.budget_s:
+                skipped.append(f"{what} {tokens} {routing}")
+                continue
+            watchdog.arm(f"timing {what} {tokens} {routing}", 240)
+            yield tokens, routing
+
+
 def speed(args, log, watchdog, t_start):
     import torch
     import torch.nn.functional as F
@@ -158,14 +170,9 @@ def speed(args, log, watchdog, t_start):
             k = mdl.hidden if proj == "up" else mdl.width
             w = (torch.randn(mdl.experts, n_rows, k, device="cuda", dtype=torch.bfloat16) / math.sqrt(k))
             kernel = gemmc.compile(spec, schedule="auto")
-            for tokens in args.tokens:
-                for routing in args.routings:
-                    if time.time() - t_start > args.budget_s:
-                        skipped.append(f"{mdl.name} {proj} {tokens} {routing}")
-                        continue
-                    watchdog.arm(f"timing {mdl.name} {proj} {tokens} {routing}", 240)
-                    rows_out.append(speed_case(mdl, proj, spec, w, kernel, tokens, routing, quack, F, log,
-                                               error_figures, grouped_reference_and_bound))
+            for tokens, routing in budgeted_cases(args, t_start, watchdog, skipped, f"{mdl.name} {proj}"):
+                rows_out.append(speed_case(mdl, proj, spec, w, kernel, tokens, routing, quack, F, log,
+                                           error_figures, grouped_reference_and_bound))
             del w, kernel
             torch.cuda.empty_cache()
     return rows_out, skipped, quack_why
@@ -257,13 +264,8 @@ def speed_fp8(args, log, watchdog, t_start):
             w8, sw = quantized_experts(mdl.experts, spec.n, spec.k)
             w16 = dequantize_blocks(w8, sw, torch.bfloat16)       # the bf16 baseline's weights, ahead of time
             kernel = gemmc.compile(spec, schedule="auto")
-            for tokens in args.tokens:
-                for routing in args.routings:
-                    if time.time() - t_start > args.budget_s:
-                        skipped.append(f"fp8 {mdl.name} {proj} {tokens} {routing}")
-                        continue
-                    watchdog.arm(f"timing fp8 {mdl.name} {proj} {tokens} {routing}", 240)
-                    rows_out.append(speed_case_fp8(mdl, proj, spec, (w8, sw, w16), kernel, tokens, routing, log))
+            for tokens, routing in budgeted_cases(args, t_start, watchdog, skipped, f"fp8 {mdl.name} {proj}"):
+                rows_out.append(speed_case_fp8(mdl, proj, spec, (w8, sw, w16), kernel, tokens, routing, log))
             del w8, sw, w16, kernel
             torch.cuda.empty_cache()
     return rows_out, skipped
